@@ -1,0 +1,16 @@
+//! rayshift's pure core: `ray.io/v1` types, admission rules, defaulting and the upgrade planner.
+//!
+//! Nothing in this crate performs I/O; the webhook and the controller call into it.
+
+pub mod crd;
+pub mod error;
+pub mod feature_gates;
+pub mod raycluster;
+pub mod rayservice;
+mod schema;
+pub mod validation;
+
+pub use error::{Error, Result};
+pub use feature_gates::FeatureGates;
+pub use raycluster::{RayCluster, RayClusterSpec, RayClusterStatus};
+pub use rayservice::{RayService, RayServiceSpec, RayServiceStatuses, UpgradeType};

@@ -1,0 +1,309 @@
+//! `ray.io/v1` RayCluster: the parts rayshift reads, every other field kept verbatim.
+//!
+//! JSON names follow KubeRay exactly. Pod templates stay raw JSON ([`PodTemplate`]) so that no field a
+//! user wrote is lost on the way from `rayClusterConfig` to the RayCluster object.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::schema;
+
+/// Fields rayshift does not model, kept as written.
+pub type Extra = BTreeMap<String, Value>;
+
+/// `spec` of a RayCluster and `spec.rayClusterConfig` of a RayService.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "ray.io",
+    version = "v1",
+    kind = "RayCluster",
+    namespaced,
+    status = "RayClusterStatus",
+    category = "all",
+    printcolumn = r#"{"name":"desired workers","type":"integer","jsonPath":".status.desiredWorkerReplicas"}"#,
+    printcolumn = r#"{"name":"available workers","type":"integer","jsonPath":".status.availableWorkerReplicas"}"#,
+    printcolumn = r#"{"name":"status","type":"string","jsonPath":".status.state"}"#,
+    printcolumn = r#"{"name":"age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct RayClusterSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_in_tree_autoscaling: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaler_options: Option<AutoscalerOptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ray_version: Option<String>,
+    pub head_group_spec: HeadGroupSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_group_specs: Option<Vec<WorkerGroupSpec>>,
+    /// KubeRay's RayCluster controller rejects this inside a RayService; kept to report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_preserved_object")]
+    pub upgrade_strategy: Option<Value>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct AutoscalerOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upscaling_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_preserved_list")]
+    pub env: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_preserved_list")]
+    pub volume_mounts: Option<Vec<Value>>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct HeadGroupSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_preserved_object")]
+    pub head_service: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_string_map")]
+    pub ray_start_params: Option<BTreeMap<String, String>>,
+    /// Ray resources (`CPU`, `GPU`, custom) declared at the group level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_string_map")]
+    pub resources: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_string_map")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub template: PodTemplate,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct WorkerGroupSpec {
+    pub group_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_of_hosts: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_string_map")]
+    pub ray_start_params: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_string_map")]
+    pub resources: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_string_map")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::optional_preserved_object")]
+    pub scale_strategy: Option<Value>,
+    #[serde(default)]
+    pub template: PodTemplate,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+/// A core/v1 PodTemplateSpec kept as raw JSON; typed reads go through the accessors.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(transparent)]
+pub struct PodTemplate(#[schemars(schema_with = "schema::preserved_object")] pub Value);
+
+/// A container of a [`PodTemplate`], read-only view.
+#[derive(Clone, Copy, Debug)]
+pub struct ContainerView<'a>(pub &'a Value);
+
+impl PodTemplate {
+    pub fn containers(&self) -> Vec<ContainerView<'_>> {
+        self.0
+            .pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .map(|cs| cs.iter().map(ContainerView).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn init_containers(&self) -> Vec<ContainerView<'_>> {
+        self.0
+            .pointer("/spec/initContainers")
+            .and_then(Value::as_array)
+            .map(|cs| cs.iter().map(ContainerView).collect())
+            .unwrap_or_default()
+    }
+
+    /// The Ray container: KubeRay treats the first container as the Ray container.
+    pub fn ray_container(&self) -> Option<ContainerView<'_>> {
+        self.containers().into_iter().next()
+    }
+
+    pub fn restart_policy(&self) -> Option<&str> {
+        self.0.pointer("/spec/restartPolicy").and_then(Value::as_str)
+    }
+
+    pub fn volume_names(&self) -> Vec<&str> {
+        self.0
+            .pointer("/spec/volumes")
+            .and_then(Value::as_array)
+            .map(|vs| vs.iter().filter_map(|v| v.get("name").and_then(Value::as_str)).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl<'a> ContainerView<'a> {
+    pub fn name(&self) -> Option<&'a str> {
+        self.0.get("name").and_then(Value::as_str)
+    }
+
+    /// `(name, literal value)` of each env var; `valueFrom` vars have no literal value.
+    pub fn env(&self) -> Vec<(&'a str, Option<&'a str>)> {
+        self.0
+            .get("env")
+            .and_then(Value::as_array)
+            .map(|es| {
+                es.iter()
+                    .filter_map(|e| {
+                        let name = e.get("name")?.as_str()?;
+                        Some((name, e.get("value").and_then(Value::as_str)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn env_value(&self, name: &str) -> Option<Option<&'a str>> {
+        self.env().into_iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    /// A resource quantity, requests first then limits (the scheduler reserves requests).
+    pub fn resource(&self, resource: &str) -> Option<&'a str> {
+        let from = |kind: &str| {
+            self.0.get("resources")?.get(kind)?.get(resource).and_then(|q| match q {
+                Value::String(s) => Some(s.as_str()),
+                _ => None,
+            })
+        };
+        from("requests").or_else(|| from("limits"))
+    }
+
+    /// Numeric quantities written as bare YAML numbers (`nvidia.com/gpu: 1`).
+    pub fn resource_number(&self, resource: &str) -> Option<f64> {
+        ["requests", "limits"]
+            .iter()
+            .find_map(|kind| self.0.get("resources")?.get(kind)?.get(resource)?.as_f64())
+    }
+
+    pub fn volume_mounts(&self) -> Vec<(Option<&'a str>, Option<&'a str>)> {
+        self.0
+            .get("volumeMounts")
+            .and_then(Value::as_array)
+            .map(|ms| {
+                ms.iter()
+                    .map(|m| {
+                        (m.get("name").and_then(Value::as_str), m.get("mountPath").and_then(Value::as_str))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `(name, containerPort)` of each declared port.
+    pub fn ports(&self) -> Vec<(Option<&'a str>, i64)> {
+        self.0
+            .get("ports")
+            .and_then(Value::as_array)
+            .map(|ps| {
+                ps.iter()
+                    .filter_map(|p| {
+                        Some((p.get("name").and_then(Value::as_str), p.get("containerPort")?.as_i64()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// `status` of a RayCluster, as KubeRay's RayCluster controller writes it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct RayClusterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_worker_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_worker_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_worker_replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<HeadInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct HeadInfo {
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
+    #[serde(default, rename = "serviceIP", skip_serializing_if = "Option::is_none")]
+    pub service_ip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub extra: Extra,
+}
+
+impl RayClusterSpec {
+    pub fn worker_groups(&self) -> &[WorkerGroupSpec] {
+        self.worker_group_specs.as_deref().unwrap_or_default()
+    }
+
+    pub fn autoscaling_enabled(&self) -> bool {
+        self.enable_in_tree_autoscaling == Some(true)
+    }
+}

@@ -1,0 +1,2 @@
+//! serveConfigV2 parsing.
+pub fn parse_serve_config() {}

@@ -1,0 +1,1 @@
+//! Surge warnings.

@@ -1,0 +1,1 @@
+fn main() { print!("{}", rayshift_api::crd::to_yaml()); }

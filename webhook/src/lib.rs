@@ -1,0 +1,1 @@
+//! Admission webhook server for RayService (see issue: webhook server). Calls the pure rules in `rayshift-api`.
