@@ -3,8 +3,10 @@
 //! Nothing in this crate performs I/O; the webhook and the controller call into it.
 
 pub mod crd;
+pub mod defaulting;
 pub mod error;
 pub mod feature_gates;
+pub mod quantity;
 pub mod raycluster;
 pub mod rayservice;
 mod schema;

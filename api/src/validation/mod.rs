@@ -17,7 +17,7 @@ mod serve_config;
 mod surge;
 
 pub use names::{is_dns1035_label, is_dns1123_label, label_value_errors, qualified_name_errors};
-pub use rayservice::validate;
+pub use rayservice::{decode, review, validate};
 pub use serve_config::parse_serve_config;
 
 /// What a violated rule says about its field, in the words `kubectl` users know.
@@ -168,7 +168,6 @@ impl Verdict {
 
 /// Field paths as they appear in messages.
 pub(crate) mod path {
-    pub const SPEC: &str = "spec";
     pub const CLUSTER: &str = "spec.rayClusterConfig";
     pub const HEAD: &str = "spec.rayClusterConfig.headGroupSpec";
     pub const STRATEGY: &str = "spec.upgradeStrategy";

@@ -1,7 +1,386 @@
-//! RayService rules.
-use super::{ValidationConfig, Verdict};
-use crate::RayService;
+//! RayService rules: metadata, spec, clusterUpgradeOptions, serveConfigV2, and update-only checks.
+//!
+//! KubeRay's own rules (behaviour reference 7.2, 7.3) keep their messages; rayshift adds the feature gate,
+//! the CRD's CEL rules (1.20 has no CEL, so they live here), and checks that catch upgrades that could
+//! never finish.
 
-pub fn validate(_new: &RayService, _old: Option<&RayService>, _cfg: &ValidationConfig) -> Verdict {
-    Verdict::default()
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::{FieldError, ValidationConfig, Verdict, names, path, raycluster, serve_config, surge};
+use crate::{
+    RayService,
+    feature_gates::RAY_SERVICE_INCREMENTAL_UPGRADE,
+    rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeType},
+};
+
+/// KubeRay keeps `<name>-<5 chars>` and `-serve-svc` inside 63 characters.
+const MAX_NAME_LEN: usize = 47;
+const INITIALIZING_TIMEOUT: &str = "ray.io/initializing-timeout";
+/// Below this the Ray autoscaler rarely provisions pods between traffic steps (the seed advises 60).
+const MIN_ADVISED_INTERVAL_SECONDS: i32 = 30;
+
+/// Validates a decoded RayService. `old` is the stored object on UPDATE.
+pub fn validate(new: &RayService, old: Option<&RayService>, cfg: &ValidationConfig) -> Verdict {
+    let mut v = Verdict::default();
+    let empty = BTreeMap::new();
+    let annotations = new.metadata.annotations.as_ref().unwrap_or(&empty);
+    metadata(new, annotations, &mut v);
+    managed_by(new, old, cfg, &mut v);
+    spec(new, &mut v);
+    raycluster::validate_cluster_spec(&new.spec.ray_cluster_config, annotations, cfg, &mut v);
+    upgrade_strategy(new, cfg, &mut v);
+    let incremental = new.spec.upgrade_type() == Some(UpgradeType::NewClusterWithIncrementalUpgrade);
+    serve_config::check(new.spec.serve_config_v2.as_deref(), incremental, &mut v);
+    if let Some(old) = old {
+        options_changed_mid_upgrade(new, old, &mut v);
+    }
+    v
+}
+
+/// Decodes and validates raw JSON; a field of the wrong type is reported with its path.
+pub fn review(new: &Value, old: Option<&Value>, cfg: &ValidationConfig) -> Verdict {
+    let new = match decode(new) {
+        Ok(rs) => rs,
+        Err(e) => return Verdict { errors: vec![e], warnings: Vec::new() },
+    };
+    // A stored object that no longer decodes must not block fixing it.
+    let old = old.and_then(|o| decode(o).ok());
+    validate(&new, old.as_ref(), cfg)
+}
+
+/// Decodes a RayService, turning serde's first error into a field error with a path.
+pub fn decode(value: &Value) -> Result<RayService, FieldError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let at = e.path().to_string();
+        let field = if at == "." { "<root>".to_string() } else { at };
+        FieldError::invalid(field, "<input>", "decode", e.into_inner().to_string())
+    })
+}
+
+fn metadata(rs: &RayService, annotations: &BTreeMap<String, String>, v: &mut Verdict) {
+    let name = rs.metadata.name.as_deref().unwrap_or("");
+    if name.is_empty() {
+        v.error(FieldError::required("metadata.name", "metadata-name", "name is required"));
+    } else {
+        if name.len() > MAX_NAME_LEN {
+            v.error(FieldError::invalid(
+                "metadata.name",
+                name,
+                "metadata-name-length",
+                format!("RayService name should be no more than {MAX_NAME_LEN} characters"),
+            ));
+        }
+        if !names::is_dns1035_label(name) {
+            v.error(FieldError::invalid(
+                "metadata.name",
+                name,
+                "metadata-name-dns1035",
+                "RayService name should be a valid DNS1035 label: a lowercase RFC 1035 label must consist of \
+                 lower case alphanumeric characters or '-', start with an alphabetic character, and end \
+                 with an alphanumeric character",
+            ));
+        }
+    }
+    if let Some(raw) = annotations.get(INITIALIZING_TIMEOUT) {
+        if let Err(msg) = initializing_timeout(raw) {
+            v.error(FieldError::invalid(
+                format!("metadata.annotations[{INITIALIZING_TIMEOUT}]"),
+                raw.as_str(),
+                "initializing-timeout",
+                msg,
+            ));
+        }
+    }
+}
+
+/// `ray.io/initializing-timeout`: a positive Go duration or a positive integer of seconds.
+fn initializing_timeout(raw: &str) -> Result<(), String> {
+    if let Some(secs) = go_duration_seconds(raw) {
+        return if secs > 0.0 {
+            Ok(())
+        } else {
+            Err(format!("annotation {INITIALIZING_TIMEOUT} must be a positive duration, got: {raw}"))
+        };
+    }
+    match raw.parse::<i64>() {
+        Ok(n) if n > 0 => Ok(()),
+        Ok(_) => Err(format!("annotation {INITIALIZING_TIMEOUT} must be a positive integer (seconds), got: {raw}")),
+        Err(_) => Err(format!(
+            "annotation {INITIALIZING_TIMEOUT} has invalid format: {raw}. Expected Go duration format (e.g., \
+             '5m', '1h') or positive integer seconds"
+        )),
+    }
+}
+
+/// Go's `time.ParseDuration`: `[-+]?([0-9]*(\.[0-9]*)?[a-z]+)+`, or a bare `0`.
+pub(crate) fn go_duration_seconds(s: &str) -> Option<f64> {
+    let (sign, mut rest) = match s.strip_prefix('-') {
+        Some(r) => (-1.0, r),
+        None => (1.0, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if rest == "0" {
+        return Some(0.0);
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let (num, tail) = rest.split_at(num_end);
+        if num.is_empty() || num == "." {
+            return None;
+        }
+        let n: f64 = num.parse().ok()?;
+        let unit_end = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_end);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        total += n * scale;
+        rest = next;
+    }
+    Some(sign * total)
+}
+
+/// The CRD's CEL rules on `spec.managedBy` (allowed values, immutable), enforced here for 1.20.
+fn managed_by(new: &RayService, old: Option<&RayService>, cfg: &ValidationConfig, v: &mut Verdict) {
+    const FIELD: &str = "spec.managedBy";
+    if let Some(value) = new.spec.managed_by.as_deref() {
+        if !cfg.managed_by_values.iter().any(|m| m == value) {
+            let message = format!(
+                "the managedBy field value must be one of {}",
+                cfg.managed_by_values.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ")
+            );
+            v.error(FieldError::invalid(FIELD, value, "managed-by-value", message));
+        }
+    }
+    if let Some(old) = old {
+        if old.spec.managed_by != new.spec.managed_by {
+            let shown = new.spec.managed_by.clone().map_or(Value::Null, Value::String);
+            v.error(FieldError::invalid(FIELD, shown, "managed-by-immutable", "the managedBy field is immutable"));
+        }
+    }
+}
+
+fn spec(rs: &RayService, v: &mut Verdict) {
+    let spec = &rs.spec;
+    let cluster = &spec.ray_cluster_config;
+    if cluster.extra.get("authOptions").and_then(|a| a.get("enableK8sTokenAuth")) == Some(&Value::Bool(true)) {
+        v.error(FieldError::forbidden(
+            format!("{}.authOptions.enableK8sTokenAuth", path::CLUSTER),
+            "k8s-token-auth",
+            "K8s token auth mode is currently not supported for RayService",
+        ));
+    }
+    let head_svc_name = cluster.head_group_spec.head_service.as_ref().and_then(|s| s.pointer("/metadata/name"));
+    if head_svc_name.is_some_and(|n| !n.is_null() && n != "") {
+        v.error(FieldError::forbidden(
+            format!("{}.headService.metadata.name", path::HEAD),
+            "head-service-name",
+            "spec.rayClusterConfig.headGroupSpec.headService.metadata.name should not be set",
+        ));
+    }
+    if let Some(delay) = spec.ray_cluster_deletion_delay_seconds.filter(|d| *d < 0) {
+        v.error(FieldError::invalid(
+            "spec.rayClusterDeletionDelaySeconds",
+            delay,
+            "deletion-delay",
+            format!("Spec.RayClusterDeletionDelaySeconds should be a non-negative integer, got {delay}"),
+        ));
+    }
+    if cluster.upgrade_strategy.as_ref().is_some_and(|u| !u.is_null()) {
+        v.error(FieldError::forbidden(
+            format!("{}.upgradeStrategy", path::CLUSTER),
+            "cluster-upgrade-strategy",
+            "RayCluster upgradeStrategy is not allowed inside a RayService: use spec.upgradeStrategy",
+        ));
+    }
+    for (field, set) in [
+        ("spec.serviceUnhealthySecondThreshold", spec.service_unhealthy_second_threshold.is_some()),
+        ("spec.deploymentUnhealthySecondThreshold", spec.deployment_unhealthy_second_threshold.is_some()),
+    ] {
+        if set {
+            v.warn(field, "deprecated-field", "deprecated and ignored");
+        }
+    }
+}
+
+fn upgrade_strategy(rs: &RayService, cfg: &ValidationConfig, v: &mut Verdict) {
+    let spec = &rs.spec;
+    let Some(kind) = spec.upgrade_type() else {
+        let raw = spec.upgrade_strategy.as_ref().and_then(|s| s.type_.clone()).unwrap_or_default();
+        v.error(FieldError::not_supported(
+            format!("{}.type", path::STRATEGY),
+            raw,
+            UpgradeType::ALL.iter().map(|t| t.as_str()).collect(),
+            "upgrade-type",
+        ));
+        return;
+    };
+    let options = spec.cluster_upgrade_options();
+    if kind != UpgradeType::NewClusterWithIncrementalUpgrade {
+        if options.is_some() {
+            v.warn(
+                path::OPTIONS,
+                "options-ignored",
+                format!("ignored: clusterUpgradeOptions apply only to NewClusterWithIncrementalUpgrade, not {kind}"),
+            );
+        }
+        return;
+    }
+    if !cfg.feature_gates.incremental_upgrade() {
+        v.error(FieldError::forbidden(
+            format!("{}.type", path::STRATEGY),
+            "feature-gate",
+            format!(
+                "NewClusterWithIncrementalUpgrade requires the {RAY_SERVICE_INCREMENTAL_UPGRADE} feature gate \
+                 (--feature-gates={RAY_SERVICE_INCREMENTAL_UPGRADE}=true)"
+            ),
+        ));
+    }
+    if !spec.ray_cluster_config.autoscaling_enabled() {
+        v.error(FieldError::required(
+            format!("{}.enableInTreeAutoscaling", path::CLUSTER),
+            "autoscaler-required",
+            "Ray Autoscaler is required for NewClusterWithIncrementalUpgrade: set enableInTreeAutoscaling: true",
+        ));
+    }
+    if spec.serve_service.is_some() {
+        v.warn("spec.serveService", "serve-service-ignored", "ignored by NewClusterWithIncrementalUpgrade");
+    }
+    match options {
+        None => v.error(FieldError::required(
+            path::OPTIONS,
+            "options-required",
+            "ClusterUpgradeOptions are required for NewClusterWithIncrementalUpgrade",
+        )),
+        Some(o) => incremental_options(rs, o, v),
+    }
+}
+
+fn percent_rule(field: &str, value: i32, rule: &'static str, v: &mut Verdict) -> bool {
+    let name = field.rsplit('.').next().unwrap_or(field);
+    if !(0..=100).contains(&value) {
+        v.error(FieldError::invalid(field, value, rule, format!("{name} must be between 0 and 100")));
+        return false;
+    }
+    if value == 0 {
+        v.error(FieldError::invalid(
+            field,
+            value,
+            "upgrade-never-finishes",
+            format!("{name} must be greater than 0: with 0 the upgrade never makes progress and never finishes"),
+        ));
+        return false;
+    }
+    true
+}
+
+fn incremental_options(rs: &RayService, o: &ClusterUpgradeOptions, v: &mut Verdict) {
+    let surge_field = format!("{}.maxSurgePercent", path::OPTIONS);
+    let step_field = format!("{}.stepSizePercent", path::OPTIONS);
+    let interval_field = format!("{}.intervalSeconds", path::OPTIONS);
+    // Absent maxSurgePercent is the default, never a failure (KubeRay dereferences it unchecked).
+    let surge = o.max_surge_percent.unwrap_or(DEFAULT_MAX_SURGE_PERCENT);
+    let surge_ok = percent_rule(&surge_field, surge, "max-surge-range", v);
+    let step_ok = match o.step_size_percent {
+        None => {
+            v.error(FieldError::required(&step_field, "step-size-range", "stepSizePercent must be between 0 and 100"));
+            false
+        }
+        Some(step) => percent_rule(&step_field, step, "step-size-range", v),
+    };
+    if let Some(step) = o.step_size_percent.filter(|s| surge_ok && step_ok && *s > surge) {
+        v.error(FieldError::invalid(
+            &step_field,
+            step,
+            "step-size-above-surge",
+            "stepSizePercent must be less than or equal to maxSurgePercent",
+        ));
+    }
+    match o.interval_seconds {
+        None => v.error(FieldError::required(&interval_field, "interval", "intervalSeconds must be greater than 0")),
+        Some(i) if i <= 0 => {
+            v.error(FieldError::invalid(&interval_field, i, "interval", "intervalSeconds must be greater than 0"))
+        }
+        Some(i) if i < MIN_ADVISED_INTERVAL_SECONDS => v.warn(
+            &interval_field,
+            "interval-short",
+            format!(
+                "intervalSeconds {i} is under {MIN_ADVISED_INTERVAL_SECONDS}: the Ray autoscaler may not provision \
+                 pods between traffic steps; 60 is advised"
+            ),
+        ),
+        Some(_) => {}
+    }
+    let class_field = format!("{}.gatewayClassName", path::OPTIONS);
+    match o.gateway_class_name.as_deref() {
+        None | Some("") => v.error(FieldError::required(
+            class_field,
+            "gateway-class",
+            "gatewayClassName is required for NewClusterWithIncrementalUpgrade",
+        )),
+        Some(class) if !class.split('.').all(names::is_dns1123_label) || class.len() > 253 => {
+            v.error(FieldError::invalid(
+                class_field,
+                class,
+                "gateway-class",
+                "must be a valid GatewayClass name (a lowercase RFC 1123 subdomain)",
+            ))
+        }
+        Some(_) => {}
+    }
+    if let Some(step) = o.step_size_percent.filter(|s| surge_ok && step_ok && *s <= surge && surge % *s != 0) {
+        v.warn(
+            &step_field,
+            "step-not-dividing-surge",
+            format!(
+                "stepSizePercent {step} does not divide maxSurgePercent {surge}: the last traffic step of each \
+                 capacity step is only {}%",
+                surge % step
+            ),
+        );
+    }
+    if surge_ok {
+        surge::check(&rs.spec.ray_cluster_config, surge, &surge_field, v);
+    }
+}
+
+/// Changing the pacing mid-upgrade is allowed but takes effect on the running upgrade at once.
+fn options_changed_mid_upgrade(new: &RayService, old: &RayService, v: &mut Verdict) {
+    let upgrading = old.status.as_ref().is_some_and(|s| s.has_pending_cluster());
+    if upgrading && new.spec.cluster_upgrade_options() != old.spec.cluster_upgrade_options() {
+        v.warn(
+            path::OPTIONS,
+            "options-changed-mid-upgrade",
+            "clusterUpgradeOptions changed while an upgrade is in progress: the running upgrade continues with \
+             the new values from its current step",
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::go_duration_seconds;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration_seconds("5m"), Some(300.0));
+        assert_eq!(go_duration_seconds("1h30m"), Some(5400.0));
+        assert_eq!(go_duration_seconds("1.5s"), Some(1.5));
+        assert_eq!(go_duration_seconds("-1s"), Some(-1.0));
+        assert_eq!(go_duration_seconds("0"), Some(0.0));
+        assert_eq!(go_duration_seconds("300"), None);
+        assert_eq!(go_duration_seconds("5x"), None);
+        assert_eq!(go_duration_seconds(""), None);
+    }
 }
