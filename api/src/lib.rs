@@ -10,6 +10,7 @@ pub mod quantity;
 pub mod raycluster;
 pub mod rayservice;
 mod schema;
+pub mod upgrade;
 pub mod validation;
 
 pub use error::{Error, Result};

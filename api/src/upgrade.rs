@@ -1,0 +1,357 @@
+//! The incremental-upgrade state machine, as one pure function.
+//!
+//! [`next_action`] looks at the capacities and traffic weights of the active and pending clusters and
+//! says what to do next: raise or lower a Ray Serve `target_capacity`, move route weight, promote, finish
+//! a rollback, or wait (with the instant to come back, or the reason). The controller applies the action,
+//! observes again and asks again, so every decision is made on fresh state and can be unit-tested.
+//!
+//! Semantics follow KubeRay (behaviour reference 6.5): capacity moves by `maxSurgePercent` once traffic has
+//! caught up with it, traffic moves by `stepSizePercent` every `intervalSeconds` up to the pending capacity.
+//! Deliberate differences:
+//! - a traffic step needs the pending capacity *verified* (replicas RUNNING), not only apps RUNNING;
+//! - pacing is exact: the next step is due at `last step + interval`, and the planner says so;
+//! - a rollback never lowers the pending capacity below the traffic it still carries (KubeRay bug 6.5/9.7);
+//! - states that break an invariant (hand edits, another controller) are repaired first.
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::rayservice::{ClusterServiceStatus, ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT};
+
+/// Which of the two clusters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    Active,
+    Pending,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Active => "active",
+            Role::Pending => "pending",
+        }
+    }
+}
+
+/// Validated pacing of an incremental upgrade.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UpgradeOptions {
+    /// Percent of capacity added (pending) or removed (active) per capacity step, 1..=100.
+    pub max_surge_percent: i32,
+    /// Percent of traffic moved per traffic step, 1..=100.
+    pub step_size_percent: i32,
+    /// Minimum time between two traffic steps.
+    pub interval: SignedDuration,
+}
+
+impl UpgradeOptions {
+    /// Reads the spec's options; `None` when they could never finish an upgrade (admission denies those).
+    pub fn from_spec(o: &ClusterUpgradeOptions) -> Option<Self> {
+        let surge = o.max_surge_percent.unwrap_or(DEFAULT_MAX_SURGE_PERCENT);
+        let step = o.step_size_percent?;
+        let interval = o.interval_seconds?;
+        let pct = 1..=100;
+        (pct.contains(&surge) && pct.contains(&step) && interval >= 0).then(|| Self {
+            max_surge_percent: surge,
+            step_size_percent: step,
+            interval: SignedDuration::from_secs(i64::from(interval)),
+        })
+    }
+}
+
+/// Capacity and traffic of one cluster, in percent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Levels {
+    /// Ray Serve `target_capacity`.
+    pub capacity: i32,
+    /// Route weight.
+    pub traffic: i32,
+}
+
+impl Levels {
+    /// Reads a status side, using KubeRay's defaults for unset values (active 100/100, pending 0/0).
+    pub fn from_status(status: Option<&ClusterServiceStatus>, role: Role) -> Self {
+        let default = match role {
+            Role::Active => 100,
+            Role::Pending => 0,
+        };
+        let clamp = |v: Option<i32>| v.unwrap_or(default).clamp(0, 100);
+        Self {
+            capacity: clamp(status.and_then(|s| s.target_capacity)),
+            traffic: clamp(status.and_then(|s| s.traffic_routed_percent)),
+        }
+    }
+}
+
+/// Going to the pending cluster, or back to the active one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Forward,
+    Rollback,
+}
+
+/// Everything the planner needs to know, as observed by the controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub active: Levels,
+    pub pending: Levels,
+    /// When the route weights last changed.
+    pub last_traffic_step: Option<Timestamp>,
+    pub direction: Direction,
+    /// Gateway Accepted+Programmed and route Accepted+ResolvedRefs for the current generation.
+    pub route_ready: bool,
+    /// The pending cluster's apps are RUNNING with the replicas its target capacity implies.
+    pub pending_capacity_ready: bool,
+    /// The same for the active cluster (checked before traffic moves back to it).
+    pub active_capacity_ready: bool,
+    /// The pending cluster's dashboard answers, so its capacity can be changed.
+    pub pending_reachable: bool,
+    /// Paused by the user: hold everything.
+    pub paused: bool,
+    /// Promote requested by the user: skip the interval waits.
+    pub hurry: bool,
+    pub now: Timestamp,
+}
+
+/// Why the upgrade is not moving right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitReason {
+    /// The next traffic step is due at a known instant.
+    Interval,
+    RouteNotReady,
+    PendingCapacityNotReady,
+    ActiveCapacityNotReady,
+    Paused,
+}
+
+impl WaitReason {
+    /// CamelCase reason for conditions and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::Interval => "WaitingForInterval",
+            WaitReason::RouteNotReady => "WaitingForGateway",
+            WaitReason::PendingCapacityNotReady => "WaitingForPendingCapacity",
+            WaitReason::ActiveCapacityNotReady => "WaitingForActiveCapacity",
+            WaitReason::Paused => "Paused",
+        }
+    }
+}
+
+/// The one thing to do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// PUT the Serve config of that cluster with this `target_capacity`.
+    SetTargetCapacity { role: Role, percent: i32 },
+    /// Write these route weights (they sum to 100).
+    SetTraffic { active: i32, pending: i32 },
+    /// The pending cluster carries all traffic at full capacity: make it active.
+    Promote,
+    /// Traffic and capacity are back on the active cluster: drop the pending one.
+    FinishRollback,
+    /// Nothing to do until `until` (if known) or until something observed changes.
+    Wait { until: Option<Timestamp>, reason: WaitReason },
+}
+
+/// Decides the next step of an incremental upgrade (or its rollback).
+pub fn next_action(opts: &UpgradeOptions, obs: &Observed) -> Action {
+    if let Some(repair) = repair(obs) {
+        return repair;
+    }
+    if obs.paused {
+        return Action::Wait { until: None, reason: WaitReason::Paused };
+    }
+    match obs.direction {
+        Direction::Forward => forward(opts, obs),
+        Direction::Rollback => rollback(opts, obs),
+    }
+}
+
+/// Restores the invariants if the observed state breaks them; traffic safety comes before pacing.
+fn repair(obs: &Observed) -> Option<Action> {
+    let (a, p) = (obs.active, obs.pending);
+    // Weights must sum to 100 and pending weight must not exceed pending capacity.
+    if a.traffic + p.traffic != 100 || p.traffic > p.capacity {
+        let pending = p.traffic.min(p.capacity);
+        return Some(Action::SetTraffic { active: 100 - pending, pending });
+    }
+    // Traffic the active cluster carries needs capacity behind it.
+    if a.traffic > a.capacity {
+        return Some(Action::SetTargetCapacity { role: Role::Active, percent: a.traffic });
+    }
+    None
+}
+
+fn forward(opts: &UpgradeOptions, obs: &Observed) -> Action {
+    let (a, p) = (obs.active, obs.pending);
+    if p.traffic == 100 && a.capacity == 0 {
+        return Action::Promote;
+    }
+    if !obs.route_ready {
+        return wait(WaitReason::RouteNotReady);
+    }
+    // Capacity moves only once traffic has caught up with the pending capacity.
+    if p.traffic == p.capacity {
+        if a.capacity + p.capacity > 100 {
+            // Never below the traffic the active cluster still carries.
+            let percent = (a.capacity - opts.max_surge_percent).max(a.traffic).max(0);
+            return Action::SetTargetCapacity { role: Role::Active, percent };
+        }
+        if p.capacity < 100 {
+            let percent = (p.capacity + opts.max_surge_percent).min(100);
+            return Action::SetTargetCapacity { role: Role::Pending, percent };
+        }
+    }
+    if !obs.pending_capacity_ready {
+        return wait(WaitReason::PendingCapacityNotReady);
+    }
+    if let Some(due) = step_due(opts, obs) {
+        return Action::Wait { until: Some(due), reason: WaitReason::Interval };
+    }
+    let pending = (p.traffic + opts.step_size_percent).min(p.capacity).min(100);
+    Action::SetTraffic { active: 100 - pending, pending }
+}
+
+fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
+    let (a, p) = (obs.active, obs.pending);
+    // An unreachable pending cluster cannot be scaled; count only what it still serves.
+    let pending_capacity = if obs.pending_reachable { p.capacity } else { p.traffic };
+    if a.capacity == 100 && a.traffic == 100 && pending_capacity == 0 {
+        return Action::FinishRollback;
+    }
+    if a.traffic == a.capacity {
+        if a.capacity + pending_capacity > 100 {
+            // Never below the traffic the pending cluster still carries (KubeRay bug 9.7).
+            let percent = (p.capacity - opts.max_surge_percent).max(p.traffic).max(0);
+            return Action::SetTargetCapacity { role: Role::Pending, percent };
+        }
+        if a.capacity < 100 {
+            let percent = (a.capacity + opts.max_surge_percent).min(100);
+            return Action::SetTargetCapacity { role: Role::Active, percent };
+        }
+        // Active is at 100/100 and the sum is within bounds: only the pending capacity is left.
+        return Action::SetTargetCapacity { role: Role::Pending, percent: 0 };
+    }
+    if !obs.route_ready {
+        return wait(WaitReason::RouteNotReady);
+    }
+    if !obs.active_capacity_ready {
+        return wait(WaitReason::ActiveCapacityNotReady);
+    }
+    if let Some(due) = step_due(opts, obs) {
+        return Action::Wait { until: Some(due), reason: WaitReason::Interval };
+    }
+    let active = (a.traffic + opts.step_size_percent).min(a.capacity).min(100);
+    Action::SetTraffic { active, pending: 100 - active }
+}
+
+/// When the next traffic step is due, if that is still in the future.
+fn step_due(opts: &UpgradeOptions, obs: &Observed) -> Option<Timestamp> {
+    if obs.hurry {
+        return None;
+    }
+    let due = obs.last_traffic_step?.checked_add(opts.interval).ok()?;
+    (due > obs.now).then_some(due)
+}
+
+fn wait(reason: WaitReason) -> Action {
+    Action::Wait { until: None, reason }
+}
+
+/// Applies an action to the levels, as the controller would after a successful write.
+pub fn apply(obs: &mut Observed, action: Action) {
+    match action {
+        Action::SetTargetCapacity { role: Role::Active, percent } => obs.active.capacity = percent,
+        Action::SetTargetCapacity { role: Role::Pending, percent } => obs.pending.capacity = percent,
+        Action::SetTraffic { active, pending } => {
+            obs.active.traffic = active;
+            obs.pending.traffic = pending;
+            obs.last_traffic_step = Some(obs.now);
+        }
+        Action::Promote | Action::FinishRollback | Action::Wait { .. } => {}
+    }
+}
+
+/// One row of a planned timeline.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PlanStep {
+    pub t_seconds: f64,
+    pub active_capacity: i32,
+    pub pending_capacity: i32,
+    pub active_traffic: i32,
+    pub pending_traffic: i32,
+    pub action: String,
+}
+
+/// The timeline of an upgrade whose clusters become ready instantly.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Plan {
+    pub steps: Vec<PlanStep>,
+    pub peak_total_capacity: i32,
+    pub traffic_steps: usize,
+    pub min_duration_seconds: f64,
+}
+
+/// Upper bound on actions of any upgrade: each traffic step moves >= 1%, each capacity step >= 1%.
+pub const MAX_ACTIONS: usize = 4 * 101 + 8;
+
+/// Simulates an upgrade from a fresh pending cluster (active 100/100, pending 0/0) to promotion.
+pub fn plan(opts: &UpgradeOptions) -> Plan {
+    let start = Timestamp::UNIX_EPOCH;
+    let mut obs = Observed {
+        active: Levels { capacity: 100, traffic: 100 },
+        pending: Levels { capacity: 0, traffic: 0 },
+        last_traffic_step: None,
+        direction: Direction::Forward,
+        route_ready: true,
+        pending_capacity_ready: true,
+        active_capacity_ready: true,
+        pending_reachable: true,
+        paused: false,
+        hurry: false,
+        now: start,
+    };
+    let row = |obs: &Observed, action: String| PlanStep {
+        t_seconds: obs.now.duration_since(start).as_secs_f64(),
+        active_capacity: obs.active.capacity,
+        pending_capacity: obs.pending.capacity,
+        active_traffic: obs.active.traffic,
+        pending_traffic: obs.pending.traffic,
+        action,
+    };
+    let mut steps = vec![row(&obs, "start: pending cluster created".to_string())];
+    let mut peak = obs.active.capacity + obs.pending.capacity;
+    let mut traffic_steps = 0;
+    for _ in 0..MAX_ACTIONS {
+        let action = next_action(opts, &obs);
+        match action {
+            Action::Wait { until: Some(t), .. } => {
+                obs.now = t;
+                continue;
+            }
+            Action::Wait { until: None, .. } | Action::FinishRollback => break,
+            Action::SetTraffic { .. } => traffic_steps += 1,
+            _ => {}
+        }
+        apply(&mut obs, action);
+        peak = peak.max(obs.active.capacity + obs.pending.capacity);
+        steps.push(row(&obs, describe(action)));
+        if action == Action::Promote {
+            break;
+        }
+    }
+    Plan { min_duration_seconds: obs.now.duration_since(start).as_secs_f64(), steps, peak_total_capacity: peak, traffic_steps }
+}
+
+/// Human wording of an action (events, plan tables).
+pub fn describe(action: Action) -> String {
+    match action {
+        Action::SetTargetCapacity { role, percent } => format!("scale {} to {percent}%", role.as_str()),
+        Action::SetTraffic { active, pending } => format!("route traffic {active}/{pending}"),
+        Action::Promote => "promote pending to active".to_string(),
+        Action::FinishRollback => "rollback complete".to_string(),
+        Action::Wait { reason, .. } => format!("wait: {}", reason.as_str()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,314 @@
+use jiff::{SignedDuration, Timestamp};
+use proptest::prelude::*;
+
+use super::*;
+
+fn opts(surge: i32, step: i32, interval: i64) -> UpgradeOptions {
+    UpgradeOptions { max_surge_percent: surge, step_size_percent: step, interval: SignedDuration::from_secs(interval) }
+}
+
+fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(secs).unwrap()
+}
+
+fn observed(active: (i32, i32), pending: (i32, i32)) -> Observed {
+    Observed {
+        active: Levels { capacity: active.0, traffic: active.1 },
+        pending: Levels { capacity: pending.0, traffic: pending.1 },
+        last_traffic_step: None,
+        direction: Direction::Forward,
+        route_ready: true,
+        pending_capacity_ready: true,
+        active_capacity_ready: true,
+        pending_reachable: true,
+        paused: false,
+        hurry: false,
+        now: t(1000),
+    }
+}
+
+#[test]
+fn seed_example_timeline() {
+    let plan = plan(&opts(20, 5, 10));
+    assert_eq!(plan.peak_total_capacity, 120);
+    assert_eq!(plan.traffic_steps, 20);
+    assert_eq!(plan.min_duration_seconds, 190.0);
+    let capacity_moves = |role: Role| -> Vec<i32> {
+        let mut seen = vec![if role == Role::Active { 100 } else { 0 }];
+        for s in &plan.steps {
+            let c = if role == Role::Active { s.active_capacity } else { s.pending_capacity };
+            if *seen.last().unwrap() != c {
+                seen.push(c);
+            }
+        }
+        seen
+    };
+    assert_eq!(capacity_moves(Role::Pending), vec![0, 20, 40, 60, 80, 100]);
+    assert_eq!(capacity_moves(Role::Active), vec![100, 80, 60, 40, 20, 0]);
+    let first_traffic = plan.steps.iter().find(|s| s.pending_traffic == 5).unwrap();
+    assert_eq!(first_traffic.t_seconds, 0.0, "ready at once: the first step needs no wait");
+    assert_eq!(plan.steps.last().unwrap().action, "promote pending to active");
+}
+
+#[test]
+fn full_surge_is_blue_green_over_the_route() {
+    let plan = plan(&opts(100, 100, 0));
+    assert_eq!(plan.peak_total_capacity, 200);
+    assert_eq!(plan.traffic_steps, 1);
+    assert_eq!(plan.min_duration_seconds, 0.0);
+}
+
+#[test]
+fn pending_capacity_is_raised_first() {
+    let a = next_action(&opts(20, 5, 10), &observed((100, 100), (0, 0)));
+    assert_eq!(a, Action::SetTargetCapacity { role: Role::Pending, percent: 20 });
+}
+
+#[test]
+fn traffic_waits_exactly_for_the_interval() {
+    let mut o = observed((100, 95), (20, 5));
+    o.last_traffic_step = Some(t(995));
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        Action::Wait { until: Some(t(1005)), reason: WaitReason::Interval }
+    );
+    o.now = t(1005);
+    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTraffic { active: 90, pending: 10 });
+}
+
+#[test]
+fn hurry_skips_the_interval_but_not_capacity_checks() {
+    let mut o = observed((100, 95), (20, 5));
+    o.last_traffic_step = Some(t(999));
+    o.hurry = true;
+    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTraffic { active: 90, pending: 10 });
+    o.pending_capacity_ready = false;
+    assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::PendingCapacityNotReady));
+}
+
+#[test]
+fn traffic_never_moves_without_verified_capacity_or_route() {
+    let mut o = observed((100, 100), (20, 0));
+    o.pending_capacity_ready = false;
+    assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::PendingCapacityNotReady));
+    o.pending_capacity_ready = true;
+    o.route_ready = false;
+    assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::RouteNotReady));
+}
+
+#[test]
+fn traffic_stops_at_pending_capacity_then_active_scales_down() {
+    let o = observed((100, 80), (20, 20));
+    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTargetCapacity { role: Role::Active, percent: 80 });
+    let o = observed((80, 80), (20, 20));
+    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTargetCapacity { role: Role::Pending, percent: 40 });
+}
+
+#[test]
+fn promotes_when_pending_carries_everything() {
+    let o = observed((0, 0), (100, 100));
+    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::Promote);
+}
+
+#[test]
+fn paused_holds_but_repairs_still_happen() {
+    let mut o = observed((100, 95), (20, 5));
+    o.paused = true;
+    assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::Paused));
+    let mut broken = observed((100, 60), (20, 40));
+    broken.paused = true;
+    assert_eq!(next_action(&opts(20, 5, 10), &broken), Action::SetTraffic { active: 80, pending: 20 });
+}
+
+#[test]
+fn repairs_weights_that_do_not_sum_to_100() {
+    let o = observed((100, 90), (20, 5));
+    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTraffic { active: 95, pending: 5 });
+}
+
+#[test]
+fn rollback_never_leaves_pending_under_capacity() {
+    // KubeRay bug 9.7: maxSurge 30, pending at 60% capacity with 45% traffic.
+    let mut o = observed((70, 55), (60, 45));
+    o.direction = Direction::Rollback;
+    o.last_traffic_step = Some(t(0));
+    let opts = opts(30, 15, 10);
+    assert_eq!(next_action(&opts, &o), Action::SetTraffic { active: 70, pending: 30 });
+    o.active.traffic = 70;
+    o.pending.traffic = 30;
+    assert_eq!(next_action(&opts, &o), Action::SetTargetCapacity { role: Role::Pending, percent: 30 });
+}
+
+#[test]
+fn rollback_finishes_even_if_pending_is_unreachable() {
+    let mut o = observed((100, 100), (40, 0));
+    o.direction = Direction::Rollback;
+    o.pending_reachable = false;
+    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::FinishRollback);
+    o.pending_reachable = true;
+    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTargetCapacity { role: Role::Pending, percent: 20 });
+}
+
+#[test]
+fn rollback_moves_traffic_only_to_verified_active_capacity() {
+    let mut o = observed((80, 60), (40, 40));
+    o.direction = Direction::Rollback;
+    o.active_capacity_ready = false;
+    assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::ActiveCapacityNotReady));
+}
+
+#[test]
+fn options_from_spec() {
+    let spec = ClusterUpgradeOptions {
+        step_size_percent: Some(5),
+        interval_seconds: Some(10),
+        ..Default::default()
+    };
+    assert_eq!(UpgradeOptions::from_spec(&spec), Some(opts(100, 5, 10)));
+    let never = ClusterUpgradeOptions { max_surge_percent: Some(0), ..spec.clone() };
+    assert_eq!(UpgradeOptions::from_spec(&never), None);
+    assert_eq!(UpgradeOptions::from_spec(&ClusterUpgradeOptions::default()), None);
+}
+
+/// What the world does between two planner calls.
+#[derive(Clone, Debug)]
+enum Event {
+    Advance(i64),
+    PendingReady(bool),
+    ActiveReady(bool),
+    RouteReady(bool),
+    Pause(bool),
+    Rollback,
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        4 => (0i64..40).prop_map(Event::Advance),
+        2 => any::<bool>().prop_map(Event::PendingReady),
+        1 => any::<bool>().prop_map(Event::ActiveReady),
+        1 => any::<bool>().prop_map(Event::RouteReady),
+        1 => any::<bool>().prop_map(Event::Pause),
+        1 => Just(Event::Rollback),
+    ]
+}
+
+fn options() -> impl Strategy<Value = UpgradeOptions> {
+    (1i32..=100).prop_flat_map(|surge| {
+        (Just(surge), 1i32..=surge, 0i64..30).prop_map(|(surge, step, interval)| opts(surge, step, interval))
+    })
+}
+
+fn assert_invariants(opts: &UpgradeOptions, o: &Observed) -> Result<(), TestCaseError> {
+    let (a, p) = (o.active, o.pending);
+    prop_assert_eq!(a.traffic + p.traffic, 100, "weights sum to 100: {:?}", o);
+    prop_assert!(p.traffic <= p.capacity, "pending weight <= pending capacity: {:?}", o);
+    prop_assert!(a.traffic <= a.capacity, "active weight <= active capacity: {:?}", o);
+    prop_assert!(a.capacity + p.capacity <= 100 + opts.max_surge_percent, "surge bound: {:?}", o);
+    for v in [a.capacity, a.traffic, p.capacity, p.traffic] {
+        prop_assert!((0..=100).contains(&v));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Random options and random event orders: invariants hold after every action, forward progress is
+    /// monotone, traffic only moves onto verified capacity, and every upgrade ends in bounded steps.
+    #[test]
+    fn upgrades_keep_invariants_and_terminate(opts in options(), events in prop::collection::vec(event(), 0..200)) {
+        let mut o = observed((100, 100), (0, 0));
+        o.now = t(0);
+        let mut events = events.into_iter();
+        let mut actions = 0usize;
+        let mut finished = false;
+        for _ in 0..10_000 {
+            match events.next() {
+                Some(Event::Advance(s)) => o.now = o.now.checked_add(SignedDuration::from_secs(s)).unwrap(),
+                Some(Event::PendingReady(r)) => o.pending_capacity_ready = r,
+                Some(Event::ActiveReady(r)) => o.active_capacity_ready = r,
+                Some(Event::RouteReady(r)) => o.route_ready = r,
+                Some(Event::Pause(p)) => o.paused = p,
+                Some(Event::Rollback) => o.direction = Direction::Rollback,
+                // Once the script runs out the world settles, so the upgrade must finish.
+                None => {
+                    o.pending_capacity_ready = true;
+                    o.active_capacity_ready = true;
+                    o.route_ready = true;
+                    o.paused = false;
+                }
+            }
+            let before = o;
+            let action = next_action(&opts, &o);
+            match action {
+                Action::Wait { until, reason } => {
+                    if let Some(due) = until {
+                        prop_assert_eq!(reason, WaitReason::Interval);
+                        prop_assert!(due > o.now);
+                        o.now = due;
+                    }
+                    continue;
+                }
+                Action::Promote => {
+                    prop_assert_eq!(o.direction, Direction::Forward);
+                    prop_assert_eq!((o.active.capacity, o.pending.traffic), (0, 100));
+                    finished = true;
+                    break;
+                }
+                Action::FinishRollback => {
+                    prop_assert_eq!(o.direction, Direction::Rollback);
+                    prop_assert_eq!((o.active.capacity, o.active.traffic), (100, 100));
+                    finished = true;
+                    break;
+                }
+                Action::SetTraffic { pending, .. } if pending > before.pending.traffic => {
+                    prop_assert!(before.pending_capacity_ready && before.route_ready, "traffic onto unverified capacity");
+                }
+                Action::SetTraffic { active, .. } if active > before.active.traffic => {
+                    prop_assert!(before.active_capacity_ready && before.route_ready, "traffic back onto unverified capacity");
+                }
+                _ => {}
+            }
+            prop_assert!(!before.paused, "no change while paused");
+            apply(&mut o, action);
+            actions += 1;
+            assert_invariants(&opts, &o)?;
+            if o.direction == Direction::Forward {
+                prop_assert!(o.pending.capacity >= before.pending.capacity);
+                prop_assert!(o.pending.traffic >= before.pending.traffic);
+                prop_assert!(o.active.capacity <= before.active.capacity);
+            } else {
+                prop_assert!(o.active.traffic >= before.active.traffic);
+                prop_assert!(o.pending.capacity <= before.pending.capacity || before.direction == Direction::Forward);
+            }
+            prop_assert!(action != Action::SetTraffic { active: before.active.traffic, pending: before.pending.traffic }, "no-op step");
+            prop_assert!(actions <= MAX_ACTIONS, "bounded number of steps");
+        }
+        prop_assert!(finished, "upgrade did not terminate");
+    }
+
+    /// Any state at all is brought back within the invariants by repairs alone.
+    #[test]
+    fn repairs_restore_invariants(opts in options(), ac in 0i32..=100, at in 0i32..=100, pc in 0i32..=100, pt in 0i32..=100) {
+        let mut o = observed((ac, at), (pc, pt));
+        for _ in 0..3 {
+            match repair(&o) {
+                Some(a) => apply(&mut o, a),
+                None => break,
+            }
+        }
+        prop_assert!(repair(&o).is_none());
+        prop_assert_eq!(o.active.traffic + o.pending.traffic, 100);
+        prop_assert!(o.pending.traffic <= o.pending.capacity && o.active.traffic <= o.active.capacity);
+        let _ = opts;
+    }
+
+    /// The plan of any valid options ends promoted with the expected number of traffic steps.
+    #[test]
+    fn plans_end_promoted(opts in options()) {
+        let plan = plan(&opts);
+        prop_assert_eq!(plan.steps.last().unwrap().action.as_str(), "promote pending to active");
+        prop_assert!(plan.peak_total_capacity <= 100 + opts.max_surge_percent);
+        prop_assert!(plan.traffic_steps >= (100 + opts.step_size_percent - 1) as usize / opts.step_size_percent as usize);
+    }
+}
