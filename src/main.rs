@@ -1,1 +1,18 @@
-fn main() { print!("{}", rayshift_api::crd::to_yaml()); }
+//! The `rayshift` binary: CLI and wiring only.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(cli::EXIT_UNREADABLE)
+        }
+    }
+}

@@ -4,6 +4,7 @@
 
 pub mod crd;
 pub mod defaulting;
+pub mod documents;
 pub mod error;
 pub mod feature_gates;
 pub mod quantity;

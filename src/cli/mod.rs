@@ -1,0 +1,111 @@
+//! Subcommands. Exit codes: 0 allowed / ok, 1 denied, 2 unreadable input or not a RayService.
+
+mod plan;
+mod validate;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use rayshift_api::{
+    FeatureGates,
+    defaulting::{OperatorConfig, UpgradeDefaults},
+    documents,
+};
+use serde_json::Value;
+
+pub const EXIT_DENIED: u8 = 1;
+pub const EXIT_UNREADABLE: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(name = "rayshift", version, about = "Admission webhook and controller for Ray Serve RayService upgrades")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check RayService manifests against the admission rules, as the webhook would.
+    Validate(validate::Args),
+    /// Show the incremental upgrade timeline of a RayService, assuming clusters become ready at once.
+    Plan(plan::Args),
+    /// Print the CustomResourceDefinitions (RayService, RayCluster) generated from rayshift's types.
+    Crds,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Errors of the CLI itself; rule violations are verdicts, not errors.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Document { path: String, message: String },
+    #[error(transparent)]
+    Api(#[from] rayshift_api::Error),
+    #[error("JSON output: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    match cli.command {
+        Command::Validate(args) => validate::run(args),
+        Command::Plan(args) => plan::run(args),
+        Command::Crds => {
+            print!("{}", rayshift_api::crd::to_yaml());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Options shared by commands that apply operator defaults.
+#[derive(Debug, clap::Args)]
+pub struct DefaultsArgs {
+    /// Operator config file (YAML) with `clusterUpgradeOptions` defaults.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+impl DefaultsArgs {
+    fn load(&self) -> Result<UpgradeDefaults, CliError> {
+        let Some(path) = &self.config else { return Ok(UpgradeDefaults::default()) };
+        let text = read(path)?;
+        Ok(OperatorConfig::from_yaml(&text)?.cluster_upgrade_options)
+    }
+}
+
+pub fn parse_gates(s: &str) -> Result<FeatureGates, String> {
+    s.parse::<FeatureGates>().map_err(|e| e.to_string())
+}
+
+fn read(path: &PathBuf) -> Result<String, CliError> {
+    let shown = path.display().to_string();
+    if shown == "-" {
+        return std::io::read_to_string(std::io::stdin()).map_err(|source| CliError::Read { path: shown, source });
+    }
+    std::fs::read_to_string(path).map_err(|source| CliError::Read { path: shown, source })
+}
+
+/// The RayService documents of the given files, in order; anything else is an error.
+fn rayservice_documents(files: &[PathBuf]) -> Result<Vec<Value>, CliError> {
+    let mut out = Vec::new();
+    for path in files {
+        let text = read(path)?;
+        let shown = path.display().to_string();
+        let docs = documents::parse_stream(&text)
+            .map_err(|e| CliError::Document { path: shown.clone(), message: e.to_string() })?;
+        for (i, doc) in docs.into_iter().enumerate() {
+            if let Some(why) = documents::not_a_rayservice(&doc) {
+                return Err(CliError::Document { path: shown, message: format!("document {i} is {why}") });
+            }
+            out.push(doc);
+        }
+    }
+    Ok(out)
+}

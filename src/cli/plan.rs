@@ -1,0 +1,85 @@
+//! `rayshift plan`: the incremental upgrade timeline of a RayService.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use rayshift_api::{
+    UpgradeType,
+    defaulting, documents,
+    upgrade::{self, Plan, UpgradeOptions},
+    validation,
+};
+
+use super::{CliError, DefaultsArgs, EXIT_DENIED, Output, rayservice_documents};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// RayService manifest; the first RayService in it is planned.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    file: PathBuf,
+    #[command(flatten)]
+    defaults: DefaultsArgs,
+    #[arg(short, long, value_enum, default_value_t)]
+    output: Output,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, CliError> {
+    let defaults = args.defaults.load()?;
+    let mut docs = rayservice_documents(std::slice::from_ref(&args.file))?;
+    if docs.len() > 1 {
+        eprintln!("note: {} holds {} RayServices; planning the first", args.file.display(), docs.len());
+    }
+    let Some(mut doc) = docs.drain(..).next() else {
+        return Err(CliError::Document { path: args.file.display().to_string(), message: "no RayService in file".into() });
+    };
+    let (name, _) = documents::display_name(&doc);
+    defaulting::apply_defaults(&mut doc, &defaults);
+    let rs = validation::decode(&doc).map_err(|e| CliError::Document {
+        path: args.file.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let kind = rs.spec.upgrade_type();
+    if kind != Some(UpgradeType::NewClusterWithIncrementalUpgrade) {
+        let what = match kind {
+            Some(UpgradeType::None) => "None: clusters are updated in place, no new cluster and no traffic shift",
+            Some(_) => "NewCluster (blue/green): the new cluster is built at full capacity and traffic switches at once when it is ready",
+            None => "an unknown upgrade strategy; run `rayshift validate`",
+        };
+        println!("RayService {name} uses {what}; there is no incremental plan.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some(opts) = rs.spec.cluster_upgrade_options().and_then(UpgradeOptions::from_spec) else {
+        eprintln!(
+            "RayService {name}: clusterUpgradeOptions cannot make progress (need stepSizePercent and \
+             maxSurgePercent in 1..100 and intervalSeconds >= 0); run `rayshift validate` for details"
+        );
+        return Ok(ExitCode::from(EXIT_DENIED));
+    };
+    let plan = upgrade::plan(&opts);
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
+        Output::Text => print_table(&name, &opts, &plan),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(name: &str, opts: &UpgradeOptions, plan: &Plan) {
+    println!(
+        "Incremental upgrade of {name}: maxSurgePercent {}, stepSizePercent {}, intervalSeconds {}",
+        opts.max_surge_percent,
+        opts.step_size_percent,
+        opts.interval.as_secs()
+    );
+    println!(
+        "{:>8}  {:>15}  {:>16}  {:>14}  {:>15}  action",
+        "time", "active capacity", "pending capacity", "active traffic", "pending traffic"
+    );
+    for s in &plan.steps {
+        println!(
+            "{:>7}s  {:>14}%  {:>15}%  {:>13}%  {:>14}%  {}",
+            s.t_seconds, s.active_capacity, s.pending_capacity, s.active_traffic, s.pending_traffic, s.action
+        );
+    }
+    println!("peak total capacity: {}%", plan.peak_total_capacity);
+    println!("traffic steps: {}", plan.traffic_steps);
+    println!("minimum duration: {}s (clusters ready at once)", plan.min_duration_seconds);
+}
