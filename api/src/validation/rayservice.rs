@@ -54,9 +54,25 @@ pub fn review(new: &Value, old: Option<&Value>, cfg: &ValidationConfig) -> Verdi
 pub fn decode(value: &Value) -> Result<RayService, FieldError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let at = e.path().to_string();
+        let shown = value_at(value, &at).cloned().unwrap_or(Value::Null);
         let field = if at == "." { "<root>".to_string() } else { at };
-        FieldError::invalid(field, "<input>", "decode", e.into_inner().to_string())
+        FieldError::invalid(field, shown, "decode", e.into_inner().to_string())
     })
+}
+
+/// The value at a serde path such as `spec.workerGroupSpecs[0].replicas`.
+fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = root;
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let (key, indexes) = part.split_once('[').map_or((part, ""), |(k, rest)| (k, rest));
+        if !key.is_empty() {
+            cur = cur.get(key)?;
+        }
+        for idx in indexes.split('[').filter(|s| !s.is_empty()) {
+            cur = cur.get(idx.trim_end_matches(']').parse::<usize>().ok()?)?;
+        }
+    }
+    Some(cur)
 }
 
 fn metadata(rs: &RayService, annotations: &BTreeMap<String, String>, v: &mut Verdict) {
