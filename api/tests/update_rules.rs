@@ -1,0 +1,72 @@
+//! Rules that only apply on UPDATE (the stored object is known).
+
+use rayshift_api::{
+    FeatureGates, documents,
+    validation::{ValidationConfig, review},
+};
+use serde_json::{Value, json};
+
+fn base() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/validate/allowed-incremental.yaml");
+    documents::parse_stream(&std::fs::read_to_string(path).unwrap()).unwrap().remove(0)
+}
+
+fn config() -> ValidationConfig {
+    ValidationConfig {
+        feature_gates: FeatureGates::default().with("RayServiceIncrementalUpgrade", true).unwrap(),
+        ..ValidationConfig::default()
+    }
+}
+
+#[test]
+fn managed_by_is_immutable() {
+    let old = base();
+    let mut new = base();
+    new["spec"]["managedBy"] = json!("ray.io/kuberay-operator");
+    let v = review(&new, Some(&old), &config());
+    assert!(!v.allowed());
+    assert_eq!(v.errors[0].field, "spec.managedBy");
+    assert!(v.errors[0].message.contains("immutable"));
+    assert!(review(&new, Some(&new), &config()).allowed(), "unchanged managedBy is fine");
+}
+
+#[test]
+fn changing_options_mid_upgrade_warns() {
+    let mut old = base();
+    old["status"] = json!({"activeServiceStatus": {"rayClusterName": "llm-abcde"},
+                           "pendingServiceStatus": {"rayClusterName": "llm-fghij"}});
+    let mut new = old.clone();
+    new["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]["stepSizePercent"] = json!(10);
+    let v = review(&new, Some(&old), &config());
+    assert!(v.allowed());
+    assert!(v.warnings.iter().any(|w| w.rule == "options-changed-mid-upgrade"), "{:?}", v.warnings);
+
+    // No pending cluster: no upgrade in progress, no warning.
+    old["status"]["pendingServiceStatus"] = json!({});
+    let v = review(&new, Some(&old), &config());
+    assert!(v.warnings.is_empty(), "{:?}", v.warnings);
+}
+
+#[test]
+fn a_stored_object_that_no_longer_decodes_does_not_block_a_fix() {
+    let mut old = base();
+    old["spec"]["rayClusterDeletionDelaySeconds"] = json!("sixty");
+    assert!(review(&base(), Some(&old), &config()).allowed());
+}
+
+#[test]
+fn no_input_panics() {
+    let weird = [
+        json!(null),
+        json!([]),
+        json!({"spec": null}),
+        json!({"spec": {"rayClusterConfig": {}}}),
+        json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": 5}}, "upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {}}}}),
+        json!({"metadata": {"name": ""}, "spec": {"rayClusterConfig": {"headGroupSpec": {}, "workerGroupSpecs": [{"groupName": "g", "template": {"spec": {"containers": [1, "x", {}]}}}]}}}),
+    ];
+    for w in weird {
+        let v = review(&w, None, &config());
+        assert!(!v.allowed(), "{w}");
+        assert!(v.errors.iter().all(|e| !e.field.is_empty()), "{w}: {:?}", v.errors);
+    }
+}
