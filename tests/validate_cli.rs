@@ -10,7 +10,10 @@ use std::{
 use serde_json::Value;
 
 fn rayshift(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rayshift")).args(args).output().expect("run rayshift")
+    Command::new(env!("CARGO_BIN_EXE_rayshift"))
+        .args(args)
+        .output()
+        .expect("run rayshift")
 }
 
 fn fixtures() -> Vec<PathBuf> {
@@ -28,23 +31,41 @@ fn fixtures() -> Vec<PathBuf> {
 fn header(path: &Path, key: &str) -> Option<String> {
     let text = fs::read_to_string(path).expect("read fixture");
     let prefix = format!("# {key}: ");
-    text.lines().take_while(|l| l.starts_with('#')).find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+    text.lines()
+        .take_while(|l| l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
 }
 
 fn run_json(path: &Path) -> (i32, Value) {
     let file = path.to_str().unwrap();
     let gates = header(path, "gates").unwrap_or_default();
-    let out = rayshift(&["validate", "-f", file, "--feature-gates", &gates, "--output", "json"]);
+    let out = rayshift(&[
+        "validate",
+        "-f",
+        file,
+        "--feature-gates",
+        &gates,
+        "--output",
+        "json",
+    ]);
     let code = out.status.code().expect("exit code");
-    let json: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{file}: stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{file}: stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     (code, json)
 }
 
 #[test]
 fn every_rule_fixture_gets_its_verdict_field_and_message() {
     let files = fixtures();
-    assert!(files.len() >= 40, "expected the full fixture set, found {}", files.len());
+    assert!(
+        files.len() >= 40,
+        "expected the full fixture set, found {}",
+        files.len()
+    );
     let mut failures = Vec::new();
     for path in &files {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
@@ -55,23 +76,40 @@ fn every_rule_fixture_gets_its_verdict_field_and_message() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|e| (e["field"].as_str().unwrap().to_string(), e["message"].as_str().unwrap().to_string()))
+            .map(|e| {
+                (
+                    e["field"].as_str().unwrap().to_string(),
+                    e["message"].as_str().unwrap().to_string(),
+                )
+            })
             .collect();
-        let warnings: Vec<String> =
-            review["warnings"].as_array().unwrap().iter().map(|w| w.as_str().unwrap().to_string()).collect();
+        let warnings: Vec<String> = review["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_str().unwrap().to_string())
+            .collect();
         let mut check = |ok: bool, what: String| {
             if !ok {
-                failures.push(format!("{name}: {what}\n  errors: {errors:?}\n  warnings: {warnings:?}"));
+                failures.push(format!(
+                    "{name}: {what}\n  errors: {errors:?}\n  warnings: {warnings:?}"
+                ));
             }
         };
         match expect.as_str() {
             "allowed" => {
-                check(code == 0 && review["allowed"] == true, format!("expected allowed, exit {code}"));
+                check(
+                    code == 0 && review["allowed"] == true,
+                    format!("expected allowed, exit {code}"),
+                );
                 if header(path, "warning").is_none() {
                     check(warnings.is_empty(), "expected no warnings".into());
                 }
             }
-            "denied" => check(code == 1 && review["allowed"] == false, format!("expected denied, exit {code}")),
+            "denied" => check(
+                code == 1 && review["allowed"] == false,
+                format!("expected denied, exit {code}"),
+            ),
             other => panic!("{name}: unknown expectation {other}"),
         }
         if let Some(fields) = header(path, "field") {
@@ -84,15 +122,30 @@ fn every_rule_fixture_gets_its_verdict_field_and_message() {
             }
         }
         if let Some(want) = header(path, "warning") {
-            check(warnings.iter().any(|w| w.contains(&want)), format!("no warning containing {want:?}"));
+            check(
+                warnings.iter().any(|w| w.contains(&want)),
+                format!("no warning containing {want:?}"),
+            );
         }
         if let Some(want) = header(path, "patch") {
-            let paths: Vec<&str> =
-                review["patch"].as_array().unwrap().iter().filter_map(|op| op["path"].as_str()).collect();
-            check(paths.contains(&want.as_str()), format!("no patch op at {want}: {paths:?}"));
+            let paths: Vec<&str> = review["patch"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|op| op["path"].as_str())
+                .collect();
+            check(
+                paths.contains(&want.as_str()),
+                format!("no patch op at {want}: {paths:?}"),
+            );
         }
     }
-    assert!(failures.is_empty(), "{} fixture(s) failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} fixture(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -105,7 +158,12 @@ fn many_errors_are_all_reported_in_one_run() {
 #[test]
 fn text_output_uses_kubectl_wording() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validate/step-size-range.yaml");
-    let out = rayshift(&["validate", "-f", path.to_str().unwrap(), "--feature-gates=RayServiceIncrementalUpgrade=true"]);
+    let out = rayshift(&[
+        "validate",
+        "-f",
+        path.to_str().unwrap(),
+        "--feature-gates=RayServiceIncrementalUpgrade=true",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("RayService serving/llm: denied"), "{text}");
@@ -123,10 +181,21 @@ fn several_files_and_documents_are_reviewed_in_order() {
     let a = dir.join("allowed-incremental.yaml");
     let b = dir.join("deletion-delay.yaml");
     let out = rayshift(&[
-        "validate", "-f", a.to_str().unwrap(), "-f", b.to_str().unwrap(),
-        "--feature-gates", "RayServiceIncrementalUpgrade=true", "-o", "json",
+        "validate",
+        "-f",
+        a.to_str().unwrap(),
+        "-f",
+        b.to_str().unwrap(),
+        "--feature-gates",
+        "RayServiceIncrementalUpgrade=true",
+        "-o",
+        "json",
     ]);
-    assert_eq!(out.status.code(), Some(1), "one denied document makes the run denied");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "one denied document makes the run denied"
+    );
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json.as_array().unwrap().len(), 2);
     assert_eq!(json[0]["allowed"], true);
@@ -146,30 +215,58 @@ fn unreadable_input_and_other_kinds_exit_2() {
 
     let bad = dir.path().join("bad.yaml");
     fs::write(&bad, "spec: [unclosed\n").unwrap();
-    assert_eq!(rayshift(&["validate", "-f", bad.to_str().unwrap()]).status.code(), Some(2));
+    assert_eq!(
+        rayshift(&["validate", "-f", bad.to_str().unwrap()]).status.code(),
+        Some(2)
+    );
 
     let missing = dir.path().join("missing.yaml");
     let out = rayshift(&["validate", "-f", missing.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.yaml"));
 
-    let out = rayshift(&["validate", "-f", cm.to_str().unwrap(), "--feature-gates", "NoSuchGate=true"]);
-    assert_eq!(out.status.code(), Some(2), "unknown feature gates are a usage error");
+    let out = rayshift(&[
+        "validate",
+        "-f",
+        cm.to_str().unwrap(),
+        "--feature-gates",
+        "NoSuchGate=true",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "unknown feature gates are a usage error"
+    );
 }
 
 #[test]
 fn operator_defaults_fill_missing_options() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.yaml");
-    fs::write(&config, "clusterUpgradeOptions:\n  stepSizePercent: 10\n  intervalSeconds: 60\n").unwrap();
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validate/step-size-missing.yaml");
+    fs::write(
+        &config,
+        "clusterUpgradeOptions:\n  stepSizePercent: 10\n  intervalSeconds: 60\n",
+    )
+    .unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validate/step-size-missing.yaml");
     let out = rayshift(&[
-        "validate", "-f", fixture.to_str().unwrap(), "--config", config.to_str().unwrap(),
-        "--feature-gates", "RayServiceIncrementalUpgrade=true", "-o", "json",
+        "validate",
+        "-f",
+        fixture.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--feature-gates",
+        "RayServiceIncrementalUpgrade=true",
+        "-o",
+        "json",
     ]);
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(out.status.code(), Some(0), "{json}");
     let patch = &json[0]["patch"];
-    assert_eq!(patch[0]["path"], "/spec/upgradeStrategy/clusterUpgradeOptions/stepSizePercent");
+    assert_eq!(
+        patch[0]["path"],
+        "/spec/upgradeStrategy/clusterUpgradeOptions/stepSizePercent"
+    );
     assert_eq!(patch[0]["value"], 10);
 }

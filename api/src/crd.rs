@@ -61,7 +61,10 @@ mod tests {
                 if let Some(d) = node.get("default") {
                     assert!(!d.is_null() && d != "", "{path}: 1.20 refuses null-like defaults");
                 }
-                assert!(node.get("x-kubernetes-list-map-keys").is_none(), "{path}: list-map keys need care on 1.20");
+                assert!(
+                    node.get("x-kubernetes-list-map-keys").is_none(),
+                    "{path}: list-map keys need care on 1.20"
+                );
                 for banned in ["$ref", "anyOf", "oneOf", "allOf", "definitions", "$defs"] {
                     assert!(node.get(banned).is_none(), "{path}: {banned} is not structural");
                 }
@@ -79,7 +82,10 @@ mod tests {
             assert_eq!(v.name, "v1");
             assert!(v.served && v.storage);
             assert!(v.subresources.as_ref().unwrap().status.is_some());
-            assert_eq!(crd.spec.names.categories.as_deref(), Some(&["all".to_string()][..]));
+            assert_eq!(
+                crd.spec.names.categories.as_deref(),
+                Some(&["all".to_string()][..])
+            );
         }
     }
 }

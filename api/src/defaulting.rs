@@ -48,28 +48,40 @@ impl UpgradeDefaults {
     /// Operator defaults must themselves be admissible, or every RayService relying on them is denied.
     pub fn check(&self) -> Result<()> {
         let pct = |name: &str, v: Option<i32>| match v {
-            Some(x) if !(1..=100).contains(&x) => Err(Error::Defaults(format!("{name} must be between 1 and 100, got {x}"))),
+            Some(x) if !(1..=100).contains(&x) => Err(Error::Defaults(format!(
+                "{name} must be between 1 and 100, got {x}"
+            ))),
             _ => Ok(()),
         };
         pct("maxSurgePercent", self.max_surge_percent)?;
         pct("stepSizePercent", self.step_size_percent)?;
         if let Some(i) = self.interval_seconds.filter(|i| *i <= 0) {
-            return Err(Error::Defaults(format!("intervalSeconds must be greater than 0, got {i}")));
+            return Err(Error::Defaults(format!(
+                "intervalSeconds must be greater than 0, got {i}"
+            )));
         }
-        if let (Some(step), Some(surge)) = (self.step_size_percent, self.max_surge_percent) {
-            if step > surge {
-                return Err(Error::Defaults("stepSizePercent must be <= maxSurgePercent".into()));
-            }
+        if let (Some(step), Some(surge)) = (self.step_size_percent, self.max_surge_percent)
+            && step > surge
+        {
+            return Err(Error::Defaults(
+                "stepSizePercent must be <= maxSurgePercent".into(),
+            ));
         }
         Ok(())
     }
 
     fn entries(&self) -> [(&'static str, Option<Value>); 4] {
         [
-            ("maxSurgePercent", Some(json!(self.max_surge_percent.unwrap_or(DEFAULT_MAX_SURGE_PERCENT)))),
+            (
+                "maxSurgePercent",
+                Some(json!(self.max_surge_percent.unwrap_or(DEFAULT_MAX_SURGE_PERCENT))),
+            ),
             ("stepSizePercent", self.step_size_percent.map(Value::from)),
             ("intervalSeconds", self.interval_seconds.map(Value::from)),
-            ("gatewayClassName", self.gateway_class_name.clone().map(Value::from)),
+            (
+                "gatewayClassName",
+                self.gateway_class_name.clone().map(Value::from),
+            ),
         ]
     }
 
@@ -86,7 +98,10 @@ pub fn default_patch(object: &Value, defaults: &UpgradeDefaults) -> Patch {
     let strategy = object.pointer("/spec/upgradeStrategy");
     let incremental = strategy.and_then(|s| s.get("type")).and_then(Value::as_str)
         == Some(UpgradeType::NewClusterWithIncrementalUpgrade.as_str());
-    let ops = match strategy.and_then(|s| s.get("clusterUpgradeOptions")).and_then(Value::as_object) {
+    let ops = match strategy
+        .and_then(|s| s.get("clusterUpgradeOptions"))
+        .and_then(Value::as_object)
+    {
         Some(options) => fill_missing(options, defaults),
         // Only an incremental RayService needs options; create them only when the operator supplies some.
         None if incremental && defaults.any_operator_value() && strategy.is_some_and(Value::is_object) => {
@@ -131,19 +146,35 @@ mod tests {
 
     #[test]
     fn max_surge_defaults_to_100_once() {
-        let mut obj = incremental(json!({"stepSizePercent": 5, "intervalSeconds": 10, "gatewayClassName": "istio"}));
+        let mut obj =
+            incremental(json!({"stepSizePercent": 5, "intervalSeconds": 10, "gatewayClassName": "istio"}));
         let patch = apply_defaults(&mut obj, &UpgradeDefaults::default());
-        assert_eq!(serde_json::to_value(&patch).unwrap()[0]["path"], OPTIONS_PTR.to_string() + "/maxSurgePercent");
-        assert_eq!(obj.pointer("/spec/upgradeStrategy/clusterUpgradeOptions/maxSurgePercent"), Some(&json!(100)));
-        assert!(default_patch(&obj, &UpgradeDefaults::default()).0.is_empty(), "idempotent");
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap()[0]["path"],
+            OPTIONS_PTR.to_string() + "/maxSurgePercent"
+        );
+        assert_eq!(
+            obj.pointer("/spec/upgradeStrategy/clusterUpgradeOptions/maxSurgePercent"),
+            Some(&json!(100))
+        );
+        assert!(
+            default_patch(&obj, &UpgradeDefaults::default()).0.is_empty(),
+            "idempotent"
+        );
     }
 
     #[test]
     fn user_value_beats_operator_beats_builtin() {
-        let op = UpgradeDefaults { max_surge_percent: Some(25), step_size_percent: Some(5), ..Default::default() };
+        let op = UpgradeDefaults {
+            max_surge_percent: Some(25),
+            step_size_percent: Some(5),
+            ..Default::default()
+        };
         let mut obj = incremental(json!({"maxSurgePercent": 40}));
         apply_defaults(&mut obj, &op);
-        let o = obj.pointer("/spec/upgradeStrategy/clusterUpgradeOptions").unwrap();
+        let o = obj
+            .pointer("/spec/upgradeStrategy/clusterUpgradeOptions")
+            .unwrap();
         assert_eq!(o["maxSurgePercent"], 40);
         assert_eq!(o["stepSizePercent"], 5);
         assert!(o.get("intervalSeconds").is_none());
@@ -151,11 +182,16 @@ mod tests {
 
     #[test]
     fn operator_defaults_create_missing_options_for_incremental_only() {
-        let op = UpgradeDefaults { interval_seconds: Some(60), gateway_class_name: Some("istio".into()), ..Default::default() };
+        let op = UpgradeDefaults {
+            interval_seconds: Some(60),
+            gateway_class_name: Some("istio".into()),
+            ..Default::default()
+        };
         let mut obj = json!({"spec": {"upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade"}}});
         apply_defaults(&mut obj, &op);
         assert_eq!(
-            obj.pointer("/spec/upgradeStrategy/clusterUpgradeOptions").unwrap(),
+            obj.pointer("/spec/upgradeStrategy/clusterUpgradeOptions")
+                .unwrap(),
             &json!({"maxSurgePercent": 100, "intervalSeconds": 60, "gatewayClassName": "istio"})
         );
         let blue_green = json!({"spec": {"upgradeStrategy": {"type": "NewCluster"}}});
@@ -168,15 +204,23 @@ mod tests {
     fn null_counts_as_absent() {
         let mut obj = incremental(json!({"maxSurgePercent": null}));
         apply_defaults(&mut obj, &UpgradeDefaults::default());
-        assert_eq!(obj.pointer("/spec/upgradeStrategy/clusterUpgradeOptions/maxSurgePercent"), Some(&json!(100)));
+        assert_eq!(
+            obj.pointer("/spec/upgradeStrategy/clusterUpgradeOptions/maxSurgePercent"),
+            Some(&json!(100))
+        );
     }
 
     #[test]
     fn operator_config_is_checked() {
         assert!(OperatorConfig::from_yaml("clusterUpgradeOptions: {maxSurgePercent: 0}").is_err());
-        assert!(OperatorConfig::from_yaml("clusterUpgradeOptions: {stepSizePercent: 50, maxSurgePercent: 20}").is_err());
+        assert!(
+            OperatorConfig::from_yaml("clusterUpgradeOptions: {stepSizePercent: 50, maxSurgePercent: 20}")
+                .is_err()
+        );
         assert!(OperatorConfig::from_yaml("bogus: 1").is_err());
-        let c = OperatorConfig::from_yaml("clusterUpgradeOptions: {maxSurgePercent: 20, intervalSeconds: 60}").unwrap();
+        let c =
+            OperatorConfig::from_yaml("clusterUpgradeOptions: {maxSurgePercent: 20, intervalSeconds: 60}")
+                .unwrap();
         assert_eq!(c.cluster_upgrade_options.max_surge_percent, Some(20));
     }
 }

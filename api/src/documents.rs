@@ -9,7 +9,10 @@ use crate::error::{Error, Result};
 pub fn parse_stream(text: &str) -> Result<Vec<Value>> {
     let mut docs = Vec::new();
     for (index, de) in yaml_serde::Deserializer::from_str(text).enumerate() {
-        let value = Value::deserialize(de).map_err(|e| Error::Document { index, message: e.to_string() })?;
+        let value = Value::deserialize(de).map_err(|e| Error::Document {
+            index,
+            message: e.to_string(),
+        })?;
         if !value.is_null() {
             docs.push(value);
         }
@@ -31,7 +34,12 @@ pub fn not_a_rayservice(doc: &Value) -> Option<String> {
 
 /// `namespace/name` of a document, for messages.
 pub fn display_name(doc: &Value) -> (String, String) {
-    let meta = |k: &str| doc.pointer(&format!("/metadata/{k}")).and_then(Value::as_str).unwrap_or("").to_string();
+    let meta = |k: &str| {
+        doc.pointer(&format!("/metadata/{k}"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
     (meta("name"), meta("namespace"))
 }
 

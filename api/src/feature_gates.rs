@@ -25,7 +25,9 @@ pub struct FeatureGates {
 
 impl Default for FeatureGates {
     fn default() -> Self {
-        Self { enabled: KNOWN_GATES.iter().copied().collect() }
+        Self {
+            enabled: KNOWN_GATES.iter().copied().collect(),
+        }
     }
 }
 
@@ -68,7 +70,9 @@ impl FromStr for FeatureGates {
                 "true" => true,
                 "false" => false,
                 other => {
-                    return Err(Error::FeatureGates(format!("invalid value of {name}: {other}, err: not a bool")));
+                    return Err(Error::FeatureGates(format!(
+                        "invalid value of {name}: {other}, err: not a bool"
+                    )));
                 }
             };
             gates.set(name.trim(), on)?;
@@ -90,7 +94,9 @@ mod tests {
 
     #[test]
     fn parses_kubernetes_syntax() {
-        let g: FeatureGates = "RayServiceIncrementalUpgrade=true, RayClusterStatusConditions=false".parse().unwrap();
+        let g: FeatureGates = "RayServiceIncrementalUpgrade=true, RayClusterStatusConditions=false"
+            .parse()
+            .unwrap();
         assert!(g.incremental_upgrade());
         assert!(!g.enabled("RayClusterStatusConditions"));
         assert!(!FeatureGates::default().incremental_upgrade());
@@ -98,8 +104,18 @@ mod tests {
 
     #[test]
     fn rejects_unknown_and_malformed() {
-        assert!("Nope=true".parse::<FeatureGates>().unwrap_err().to_string().contains("unrecognized"));
+        assert!(
+            "Nope=true"
+                .parse::<FeatureGates>()
+                .unwrap_err()
+                .to_string()
+                .contains("unrecognized")
+        );
         assert!("RayServiceIncrementalUpgrade".parse::<FeatureGates>().is_err());
-        assert!("RayServiceIncrementalUpgrade=yes".parse::<FeatureGates>().is_err());
+        assert!(
+            "RayServiceIncrementalUpgrade=yes"
+                .parse::<FeatureGates>()
+                .is_err()
+        );
     }
 }

@@ -3,7 +3,9 @@
 /// Parses `"500m"`, `"2"`, `"1.5"`, `"1k"`, `"2Gi"` into a plain number; `None` when unreadable.
 pub fn parse(q: &str) -> Option<f64> {
     let q = q.trim();
-    let split = q.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-')).unwrap_or(q.len());
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(q.len());
     let (number, suffix) = q.split_at(split);
     let base: f64 = number.parse().ok()?;
     let factor = match suffix {

@@ -179,7 +179,11 @@ impl PodTemplate {
         self.0
             .pointer("/spec/volumes")
             .and_then(Value::as_array)
-            .map(|vs| vs.iter().filter_map(|v| v.get("name").and_then(Value::as_str)).collect())
+            .map(|vs| {
+                vs.iter()
+                    .filter_map(|v| v.get("name").and_then(Value::as_str))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -212,10 +216,14 @@ impl<'a> ContainerView<'a> {
     /// A resource quantity, requests first then limits (the scheduler reserves requests).
     pub fn resource(&self, resource: &str) -> Option<&'a str> {
         let from = |kind: &str| {
-            self.0.get("resources")?.get(kind)?.get(resource).and_then(|q| match q {
-                Value::String(s) => Some(s.as_str()),
-                _ => None,
-            })
+            self.0
+                .get("resources")?
+                .get(kind)?
+                .get(resource)
+                .and_then(|q| match q {
+                    Value::String(s) => Some(s.as_str()),
+                    _ => None,
+                })
         };
         from("requests").or_else(|| from("limits"))
     }
@@ -234,7 +242,10 @@ impl<'a> ContainerView<'a> {
             .map(|ms| {
                 ms.iter()
                     .map(|m| {
-                        (m.get("name").and_then(Value::as_str), m.get("mountPath").and_then(Value::as_str))
+                        (
+                            m.get("name").and_then(Value::as_str),
+                            m.get("mountPath").and_then(Value::as_str),
+                        )
                     })
                     .collect()
             })
@@ -249,7 +260,10 @@ impl<'a> ContainerView<'a> {
             .map(|ps| {
                 ps.iter()
                     .filter_map(|p| {
-                        Some((p.get("name").and_then(Value::as_str), p.get("containerPort")?.as_i64()?))
+                        Some((
+                            p.get("name").and_then(Value::as_str),
+                            p.get("containerPort")?.as_i64()?,
+                        ))
                     })
                     .collect()
             })

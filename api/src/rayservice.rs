@@ -118,8 +118,11 @@ pub enum UpgradeType {
 }
 
 impl UpgradeType {
-    pub const ALL: [UpgradeType; 3] =
-        [UpgradeType::NewClusterWithIncrementalUpgrade, UpgradeType::NewCluster, UpgradeType::None];
+    pub const ALL: [UpgradeType; 3] = [
+        UpgradeType::NewClusterWithIncrementalUpgrade,
+        UpgradeType::NewCluster,
+        UpgradeType::None,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -233,7 +236,8 @@ impl RayServiceSpec {
     }
 
     pub fn deletion_delay_seconds(&self) -> i32 {
-        self.ray_cluster_deletion_delay_seconds.unwrap_or(DEFAULT_DELETION_DELAY_SECONDS)
+        self.ray_cluster_deletion_delay_seconds
+            .unwrap_or(DEFAULT_DELETION_DELAY_SECONDS)
     }
 }
 

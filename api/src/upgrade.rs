@@ -149,7 +149,10 @@ pub enum Action {
     /// Traffic and capacity are back on the active cluster: drop the pending one.
     FinishRollback,
     /// Nothing to do until `until` (if known) or until something observed changes.
-    Wait { until: Option<Timestamp>, reason: WaitReason },
+    Wait {
+        until: Option<Timestamp>,
+        reason: WaitReason,
+    },
 }
 
 /// Decides the next step of an incremental upgrade (or its rollback).
@@ -158,7 +161,10 @@ pub fn next_action(opts: &UpgradeOptions, obs: &Observed) -> Action {
         return repair;
     }
     if obs.paused {
-        return Action::Wait { until: None, reason: WaitReason::Paused };
+        return Action::Wait {
+            until: None,
+            reason: WaitReason::Paused,
+        };
     }
     match obs.direction {
         Direction::Forward => forward(opts, obs),
@@ -172,11 +178,17 @@ fn repair(obs: &Observed) -> Option<Action> {
     // Weights must sum to 100 and pending weight must not exceed pending capacity.
     if a.traffic + p.traffic != 100 || p.traffic > p.capacity {
         let pending = p.traffic.min(p.capacity);
-        return Some(Action::SetTraffic { active: 100 - pending, pending });
+        return Some(Action::SetTraffic {
+            active: 100 - pending,
+            pending,
+        });
     }
     // Traffic the active cluster carries needs capacity behind it.
     if a.traffic > a.capacity {
-        return Some(Action::SetTargetCapacity { role: Role::Active, percent: a.traffic });
+        return Some(Action::SetTargetCapacity {
+            role: Role::Active,
+            percent: a.traffic,
+        });
     }
     None
 }
@@ -194,27 +206,43 @@ fn forward(opts: &UpgradeOptions, obs: &Observed) -> Action {
         if a.capacity + p.capacity > 100 {
             // Never below the traffic the active cluster still carries.
             let percent = (a.capacity - opts.max_surge_percent).max(a.traffic).max(0);
-            return Action::SetTargetCapacity { role: Role::Active, percent };
+            return Action::SetTargetCapacity {
+                role: Role::Active,
+                percent,
+            };
         }
         if p.capacity < 100 {
             let percent = (p.capacity + opts.max_surge_percent).min(100);
-            return Action::SetTargetCapacity { role: Role::Pending, percent };
+            return Action::SetTargetCapacity {
+                role: Role::Pending,
+                percent,
+            };
         }
     }
     if !obs.pending_capacity_ready {
         return wait(WaitReason::PendingCapacityNotReady);
     }
     if let Some(due) = step_due(opts, obs) {
-        return Action::Wait { until: Some(due), reason: WaitReason::Interval };
+        return Action::Wait {
+            until: Some(due),
+            reason: WaitReason::Interval,
+        };
     }
     let pending = (p.traffic + opts.step_size_percent).min(p.capacity).min(100);
-    Action::SetTraffic { active: 100 - pending, pending }
+    Action::SetTraffic {
+        active: 100 - pending,
+        pending,
+    }
 }
 
 fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
     let (a, p) = (obs.active, obs.pending);
     // An unreachable pending cluster cannot be scaled; count only what it still serves.
-    let pending_capacity = if obs.pending_reachable { p.capacity } else { p.traffic };
+    let pending_capacity = if obs.pending_reachable {
+        p.capacity
+    } else {
+        p.traffic
+    };
     if a.capacity == 100 && a.traffic == 100 && pending_capacity == 0 {
         return Action::FinishRollback;
     }
@@ -222,14 +250,23 @@ fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
         if a.capacity + pending_capacity > 100 {
             // Never below the traffic the pending cluster still carries (KubeRay bug 9.7).
             let percent = (p.capacity - opts.max_surge_percent).max(p.traffic).max(0);
-            return Action::SetTargetCapacity { role: Role::Pending, percent };
+            return Action::SetTargetCapacity {
+                role: Role::Pending,
+                percent,
+            };
         }
         if a.capacity < 100 {
             let percent = (a.capacity + opts.max_surge_percent).min(100);
-            return Action::SetTargetCapacity { role: Role::Active, percent };
+            return Action::SetTargetCapacity {
+                role: Role::Active,
+                percent,
+            };
         }
         // Active is at 100/100 and the sum is within bounds: only the pending capacity is left.
-        return Action::SetTargetCapacity { role: Role::Pending, percent: 0 };
+        return Action::SetTargetCapacity {
+            role: Role::Pending,
+            percent: 0,
+        };
     }
     if !obs.route_ready {
         return wait(WaitReason::RouteNotReady);
@@ -238,10 +275,16 @@ fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
         return wait(WaitReason::ActiveCapacityNotReady);
     }
     if let Some(due) = step_due(opts, obs) {
-        return Action::Wait { until: Some(due), reason: WaitReason::Interval };
+        return Action::Wait {
+            until: Some(due),
+            reason: WaitReason::Interval,
+        };
     }
     let active = (a.traffic + opts.step_size_percent).min(a.capacity).min(100);
-    Action::SetTraffic { active, pending: 100 - active }
+    Action::SetTraffic {
+        active,
+        pending: 100 - active,
+    }
 }
 
 /// When the next traffic step is due, if that is still in the future.
@@ -260,8 +303,14 @@ fn wait(reason: WaitReason) -> Action {
 /// Applies an action to the levels, as the controller would after a successful write.
 pub fn apply(obs: &mut Observed, action: Action) {
     match action {
-        Action::SetTargetCapacity { role: Role::Active, percent } => obs.active.capacity = percent,
-        Action::SetTargetCapacity { role: Role::Pending, percent } => obs.pending.capacity = percent,
+        Action::SetTargetCapacity {
+            role: Role::Active,
+            percent,
+        } => obs.active.capacity = percent,
+        Action::SetTargetCapacity {
+            role: Role::Pending,
+            percent,
+        } => obs.pending.capacity = percent,
         Action::SetTraffic { active, pending } => {
             obs.active.traffic = active;
             obs.pending.traffic = pending;
@@ -298,8 +347,14 @@ pub const MAX_ACTIONS: usize = 4 * 101 + 8;
 pub fn plan(opts: &UpgradeOptions) -> Plan {
     let start = Timestamp::UNIX_EPOCH;
     let mut obs = Observed {
-        active: Levels { capacity: 100, traffic: 100 },
-        pending: Levels { capacity: 0, traffic: 0 },
+        active: Levels {
+            capacity: 100,
+            traffic: 100,
+        },
+        pending: Levels {
+            capacity: 0,
+            traffic: 0,
+        },
         last_traffic_step: None,
         direction: Direction::Forward,
         route_ready: true,
@@ -339,7 +394,12 @@ pub fn plan(opts: &UpgradeOptions) -> Plan {
             break;
         }
     }
-    Plan { min_duration_seconds: obs.now.duration_since(start).as_secs_f64(), steps, peak_total_capacity: peak, traffic_steps }
+    Plan {
+        min_duration_seconds: obs.now.duration_since(start).as_secs_f64(),
+        steps,
+        peak_total_capacity: peak,
+        traffic_steps,
+    }
 }
 
 /// Human wording of an action (events, plan tables).

@@ -19,14 +19,20 @@ fn json_value() -> impl Strategy<Value = Value> {
     leaf.prop_recursive(4, 32, 6, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            prop::collection::btree_map("[a-zA-Z]{1,8}", inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
+            prop::collection::btree_map("[a-zA-Z]{1,8}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
 }
 
 fn base() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/validate/allowed-incremental.yaml");
-    documents::parse_stream(&std::fs::read_to_string(path).unwrap()).unwrap().remove(0)
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/validate/allowed-incremental.yaml"
+    );
+    documents::parse_stream(&std::fs::read_to_string(path).unwrap())
+        .unwrap()
+        .remove(0)
 }
 
 /// Every JSON pointer into the document.
@@ -34,25 +40,35 @@ fn pointers(v: &Value, at: String, out: &mut Vec<String>) {
     out.push(at.clone());
     match v {
         Value::Object(m) => m.iter().for_each(|(k, c)| pointers(c, format!("{at}/{k}"), out)),
-        Value::Array(a) => a.iter().enumerate().for_each(|(i, c)| pointers(c, format!("{at}/{i}"), out)),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .for_each(|(i, c)| pointers(c, format!("{at}/{i}"), out)),
         _ => {}
     }
 }
 
 fn exercise(doc: &Value) {
     let cfg = ValidationConfig {
-        feature_gates: FeatureGates::default().with("RayServiceIncrementalUpgrade", true).unwrap(),
+        feature_gates: FeatureGates::default()
+            .with("RayServiceIncrementalUpgrade", true)
+            .unwrap(),
         ..ValidationConfig::default()
     };
     let mut defaulted = doc.clone();
     let patch = defaulting::apply_defaults(&mut defaulted, &defaulting::UpgradeDefaults::default());
-    assert!(defaulting::default_patch(&defaulted, &Default::default()).0.is_empty(), "idempotent: {patch:?}");
+    assert!(
+        defaulting::default_patch(&defaulted, &Default::default())
+            .0
+            .is_empty(),
+        "idempotent: {patch:?}"
+    );
     let verdict = review(&defaulted, Some(doc), &cfg);
     let _ = verdict.denial_message();
-    if let Ok(rs) = decode(&defaulted) {
-        if let Some(o) = rs.spec.cluster_upgrade_options() {
-            let _ = UpgradeOptions::from_spec(o);
-        }
+    if let Ok(rs) = decode(&defaulted)
+        && let Some(o) = rs.spec.cluster_upgrade_options()
+    {
+        let _ = UpgradeOptions::from_spec(o);
     }
 }
 

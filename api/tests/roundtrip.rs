@@ -14,8 +14,12 @@ fn roundtrip_file(path: &Path) -> usize {
     let docs = documents::parse_stream(&text).unwrap();
     for doc in &docs {
         let back = match doc["kind"].as_str() {
-            Some("RayService") => serde_json::to_value(serde_json::from_value::<RayService>(doc.clone()).unwrap()),
-            Some("RayCluster") => serde_json::to_value(serde_json::from_value::<RayCluster>(doc.clone()).unwrap()),
+            Some("RayService") => {
+                serde_json::to_value(serde_json::from_value::<RayService>(doc.clone()).unwrap())
+            }
+            Some("RayCluster") => {
+                serde_json::to_value(serde_json::from_value::<RayCluster>(doc.clone()).unwrap())
+            }
             _ => continue,
         }
         .unwrap();
@@ -39,7 +43,10 @@ fn samples_roundtrip() {
     let mut n = 0;
     for entry in fs::read_dir(repo().join("manifests/samples")).unwrap() {
         let path = entry.unwrap().path();
-        if path.file_name().is_some_and(|f| f.to_string_lossy().starts_with("rayservice-")) {
+        if path
+            .file_name()
+            .is_some_and(|f| f.to_string_lossy().starts_with("rayservice-"))
+        {
             n += roundtrip_file(&path);
         }
     }
@@ -48,17 +55,30 @@ fn samples_roundtrip() {
 
 #[test]
 fn unknown_fields_at_every_level_roundtrip() {
-    assert_eq!(roundtrip_file(&repo().join("tests/fixtures/roundtrip/kuberay-future-fields.yaml")), 2);
+    assert_eq!(
+        roundtrip_file(&repo().join("tests/fixtures/roundtrip/kuberay-future-fields.yaml")),
+        2
+    );
 }
 
 #[test]
 fn unknown_fields_are_really_kept_in_extra() {
-    let text = fs::read_to_string(repo().join("tests/fixtures/roundtrip/kuberay-future-fields.yaml")).unwrap();
+    let text =
+        fs::read_to_string(repo().join("tests/fixtures/roundtrip/kuberay-future-fields.yaml")).unwrap();
     let doc = documents::parse_stream(&text).unwrap().remove(0);
     let rs: RayService = serde_json::from_value(doc).unwrap();
     assert!(rs.spec.extra.contains_key("someFutureSpecField"));
-    assert!(rs.spec.ray_cluster_config.extra.contains_key("gcsFaultToleranceOptions"));
-    assert!(rs.spec.ray_cluster_config.worker_groups()[0].extra.contains_key("futureWorkerField"));
+    assert!(
+        rs.spec
+            .ray_cluster_config
+            .extra
+            .contains_key("gcsFaultToleranceOptions")
+    );
+    assert!(
+        rs.spec.ray_cluster_config.worker_groups()[0]
+            .extra
+            .contains_key("futureWorkerField")
+    );
     let status = rs.status.unwrap();
     assert!(status.extra.contains_key("futureStatusField"));
     assert_eq!(status.active_service_status.unwrap().target_capacity, Some(80));
@@ -72,7 +92,11 @@ fn every_fixture_roundtrips() {
         for doc in documents::parse_stream(&text).unwrap() {
             // Fixtures with wrongly typed fields are meant not to decode.
             if let Ok(rs) = serde_json::from_value::<RayService>(doc.clone()) {
-                assert_json_eq(&doc, &serde_json::to_value(rs).unwrap(), &path.display().to_string());
+                assert_json_eq(
+                    &doc,
+                    &serde_json::to_value(rs).unwrap(),
+                    &path.display().to_string(),
+                );
             }
         }
     }

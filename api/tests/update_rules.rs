@@ -7,13 +7,20 @@ use rayshift_api::{
 use serde_json::{Value, json};
 
 fn base() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/validate/allowed-incremental.yaml");
-    documents::parse_stream(&std::fs::read_to_string(path).unwrap()).unwrap().remove(0)
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/validate/allowed-incremental.yaml"
+    );
+    documents::parse_stream(&std::fs::read_to_string(path).unwrap())
+        .unwrap()
+        .remove(0)
 }
 
 fn config() -> ValidationConfig {
     ValidationConfig {
-        feature_gates: FeatureGates::default().with("RayServiceIncrementalUpgrade", true).unwrap(),
+        feature_gates: FeatureGates::default()
+            .with("RayServiceIncrementalUpgrade", true)
+            .unwrap(),
         ..ValidationConfig::default()
     }
 }
@@ -27,7 +34,10 @@ fn managed_by_is_immutable() {
     assert!(!v.allowed());
     assert_eq!(v.errors[0].field, "spec.managedBy");
     assert!(v.errors[0].message.contains("immutable"));
-    assert!(review(&new, Some(&new), &config()).allowed(), "unchanged managedBy is fine");
+    assert!(
+        review(&new, Some(&new), &config()).allowed(),
+        "unchanged managedBy is fine"
+    );
 }
 
 #[test]
@@ -39,7 +49,11 @@ fn changing_options_mid_upgrade_warns() {
     new["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]["stepSizePercent"] = json!(10);
     let v = review(&new, Some(&old), &config());
     assert!(v.allowed());
-    assert!(v.warnings.iter().any(|w| w.rule == "options-changed-mid-upgrade"), "{:?}", v.warnings);
+    assert!(
+        v.warnings.iter().any(|w| w.rule == "options-changed-mid-upgrade"),
+        "{:?}",
+        v.warnings
+    );
 
     // No pending cluster: no upgrade in progress, no warning.
     old["status"]["pendingServiceStatus"] = json!({});
@@ -67,6 +81,10 @@ fn no_input_panics() {
     for w in weird {
         let v = review(&w, None, &config());
         assert!(!v.allowed(), "{w}");
-        assert!(v.errors.iter().all(|e| !e.field.is_empty()), "{w}: {:?}", v.errors);
+        assert!(
+            v.errors.iter().all(|e| !e.field.is_empty()),
+            "{w}: {:?}",
+            v.errors
+        );
     }
 }

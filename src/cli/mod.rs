@@ -17,7 +17,11 @@ pub const EXIT_DENIED: u8 = 1;
 pub const EXIT_UNREADABLE: u8 = 2;
 
 #[derive(Debug, Parser)]
-#[command(name = "rayshift", version, about = "Admission webhook and controller for Ray Serve RayService upgrades")]
+#[command(
+    name = "rayshift",
+    version,
+    about = "Admission webhook and controller for Ray Serve RayService upgrades"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -74,7 +78,9 @@ pub struct DefaultsArgs {
 
 impl DefaultsArgs {
     fn load(&self) -> Result<UpgradeDefaults, CliError> {
-        let Some(path) = &self.config else { return Ok(UpgradeDefaults::default()) };
+        let Some(path) = &self.config else {
+            return Ok(UpgradeDefaults::default());
+        };
         let text = read(path)?;
         Ok(OperatorConfig::from_yaml(&text)?.cluster_upgrade_options)
     }
@@ -87,7 +93,8 @@ pub fn parse_gates(s: &str) -> Result<FeatureGates, String> {
 fn read(path: &PathBuf) -> Result<String, CliError> {
     let shown = path.display().to_string();
     if shown == "-" {
-        return std::io::read_to_string(std::io::stdin()).map_err(|source| CliError::Read { path: shown, source });
+        return std::io::read_to_string(std::io::stdin())
+            .map_err(|source| CliError::Read { path: shown, source });
     }
     std::fs::read_to_string(path).map_err(|source| CliError::Read { path: shown, source })
 }
@@ -98,11 +105,16 @@ fn rayservice_documents(files: &[PathBuf]) -> Result<Vec<Value>, CliError> {
     for path in files {
         let text = read(path)?;
         let shown = path.display().to_string();
-        let docs = documents::parse_stream(&text)
-            .map_err(|e| CliError::Document { path: shown.clone(), message: e.to_string() })?;
+        let docs = documents::parse_stream(&text).map_err(|e| CliError::Document {
+            path: shown.clone(),
+            message: e.to_string(),
+        })?;
         for (i, doc) in docs.into_iter().enumerate() {
             if let Some(why) = documents::not_a_rayservice(&doc) {
-                return Err(CliError::Document { path: shown, message: format!("document {i} is {why}") });
+                return Err(CliError::Document {
+                    path: shown,
+                    message: format!("document {i} is {why}"),
+                });
             }
             out.push(doc);
         }

@@ -3,8 +3,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use rayshift_api::{
-    UpgradeType,
-    defaulting, documents,
+    UpgradeType, defaulting, documents,
     upgrade::{self, Plan, UpgradeOptions},
     validation,
 };
@@ -26,10 +25,17 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
     let defaults = args.defaults.load()?;
     let mut docs = rayservice_documents(std::slice::from_ref(&args.file))?;
     if docs.len() > 1 {
-        eprintln!("note: {} holds {} RayServices; planning the first", args.file.display(), docs.len());
+        eprintln!(
+            "note: {} holds {} RayServices; planning the first",
+            args.file.display(),
+            docs.len()
+        );
     }
     let Some(mut doc) = docs.drain(..).next() else {
-        return Err(CliError::Document { path: args.file.display().to_string(), message: "no RayService in file".into() });
+        return Err(CliError::Document {
+            path: args.file.display().to_string(),
+            message: "no RayService in file".into(),
+        });
     };
     let (name, _) = documents::display_name(&doc);
     defaulting::apply_defaults(&mut doc, &defaults);
@@ -40,14 +46,22 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
     let kind = rs.spec.upgrade_type();
     if kind != Some(UpgradeType::NewClusterWithIncrementalUpgrade) {
         let what = match kind {
-            Some(UpgradeType::None) => "None: clusters are updated in place, no new cluster and no traffic shift",
-            Some(_) => "NewCluster (blue/green): the new cluster is built at full capacity and traffic switches at once when it is ready",
+            Some(UpgradeType::None) => {
+                "None: clusters are updated in place, no new cluster and no traffic shift"
+            }
+            Some(_) => {
+                "NewCluster (blue/green): the new cluster is built at full capacity and traffic switches at once when it is ready"
+            }
             None => "an unknown upgrade strategy; run `rayshift validate`",
         };
         println!("RayService {name} uses {what}; there is no incremental plan.");
         return Ok(ExitCode::SUCCESS);
     }
-    let Some(opts) = rs.spec.cluster_upgrade_options().and_then(UpgradeOptions::from_spec) else {
+    let Some(opts) = rs
+        .spec
+        .cluster_upgrade_options()
+        .and_then(UpgradeOptions::from_spec)
+    else {
         eprintln!(
             "RayService {name}: clusterUpgradeOptions cannot make progress (need stepSizePercent and \
              maxSurgePercent in 1..100 and intervalSeconds >= 0); run `rayshift validate` for details"
@@ -81,5 +95,8 @@ fn print_table(name: &str, opts: &UpgradeOptions, plan: &Plan) {
     }
     println!("peak total capacity: {}%", plan.peak_total_capacity);
     println!("traffic steps: {}", plan.traffic_steps);
-    println!("minimum duration: {}s (clusters ready at once)", plan.min_duration_seconds);
+    println!(
+        "minimum duration: {}s (clusters ready at once)",
+        plan.min_duration_seconds
+    );
 }

@@ -3,9 +3,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use rayshift_api::{
-    FeatureGates,
-    defaulting,
-    documents,
+    FeatureGates, defaulting, documents,
     rayservice::RAYSHIFT_MANAGER,
     validation::{self, ValidationConfig, Verdict},
 };
@@ -39,7 +37,10 @@ struct Review {
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
     let defaults = args.defaults.load()?;
-    let mut config = ValidationConfig { feature_gates: args.feature_gates, ..ValidationConfig::default() };
+    let mut config = ValidationConfig {
+        feature_gates: args.feature_gates,
+        ..ValidationConfig::default()
+    };
     if !config.managed_by_values.contains(&args.managed_by) {
         config.managed_by_values.push(args.managed_by);
     }
@@ -49,14 +50,23 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
             let (name, namespace) = documents::display_name(&doc);
             // The apiserver runs mutating admission before validating admission; so do we.
             let patch = defaulting::apply_defaults(&mut doc, &defaults);
-            Review { name, namespace, verdict: validation::review(&doc, None, &config), patch }
+            Review {
+                name,
+                namespace,
+                verdict: validation::review(&doc, None, &config),
+                patch,
+            }
         })
         .collect();
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&to_json(&reviews)?)?),
         Output::Text => print_text(&reviews),
     }
-    Ok(if reviews.iter().all(|r| r.verdict.allowed()) { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DENIED) })
+    Ok(if reviews.iter().all(|r| r.verdict.allowed()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DENIED)
+    })
 }
 
 fn to_json(reviews: &[Review]) -> Result<Value, CliError> {
@@ -78,7 +88,11 @@ fn to_json(reviews: &[Review]) -> Result<Value, CliError> {
 
 fn print_text(reviews: &[Review]) {
     for r in reviews {
-        let who = if r.namespace.is_empty() { r.name.clone() } else { format!("{}/{}", r.namespace, r.name) };
+        let who = if r.namespace.is_empty() {
+            r.name.clone()
+        } else {
+            format!("{}/{}", r.namespace, r.name)
+        };
         let verdict = if r.verdict.allowed() { "allowed" } else { "denied" };
         println!("RayService {who}: {verdict}");
         for e in &r.verdict.errors {

@@ -4,7 +4,11 @@ use proptest::prelude::*;
 use super::*;
 
 fn opts(surge: i32, step: i32, interval: i64) -> UpgradeOptions {
-    UpgradeOptions { max_surge_percent: surge, step_size_percent: step, interval: SignedDuration::from_secs(interval) }
+    UpgradeOptions {
+        max_surge_percent: surge,
+        step_size_percent: step,
+        interval: SignedDuration::from_secs(interval),
+    }
 }
 
 fn t(secs: i64) -> Timestamp {
@@ -13,8 +17,14 @@ fn t(secs: i64) -> Timestamp {
 
 fn observed(active: (i32, i32), pending: (i32, i32)) -> Observed {
     Observed {
-        active: Levels { capacity: active.0, traffic: active.1 },
-        pending: Levels { capacity: pending.0, traffic: pending.1 },
+        active: Levels {
+            capacity: active.0,
+            traffic: active.1,
+        },
+        pending: Levels {
+            capacity: pending.0,
+            traffic: pending.1,
+        },
         last_traffic_step: None,
         direction: Direction::Forward,
         route_ready: true,
@@ -36,7 +46,11 @@ fn seed_example_timeline() {
     let capacity_moves = |role: Role| -> Vec<i32> {
         let mut seen = vec![if role == Role::Active { 100 } else { 0 }];
         for s in &plan.steps {
-            let c = if role == Role::Active { s.active_capacity } else { s.pending_capacity };
+            let c = if role == Role::Active {
+                s.active_capacity
+            } else {
+                s.pending_capacity
+            };
             if *seen.last().unwrap() != c {
                 seen.push(c);
             }
@@ -46,7 +60,10 @@ fn seed_example_timeline() {
     assert_eq!(capacity_moves(Role::Pending), vec![0, 20, 40, 60, 80, 100]);
     assert_eq!(capacity_moves(Role::Active), vec![100, 80, 60, 40, 20, 0]);
     let first_traffic = plan.steps.iter().find(|s| s.pending_traffic == 5).unwrap();
-    assert_eq!(first_traffic.t_seconds, 0.0, "ready at once: the first step needs no wait");
+    assert_eq!(
+        first_traffic.t_seconds, 0.0,
+        "ready at once: the first step needs no wait"
+    );
     assert_eq!(plan.steps.last().unwrap().action, "promote pending to active");
 }
 
@@ -61,7 +78,13 @@ fn full_surge_is_blue_green_over_the_route() {
 #[test]
 fn pending_capacity_is_raised_first() {
     let a = next_action(&opts(20, 5, 10), &observed((100, 100), (0, 0)));
-    assert_eq!(a, Action::SetTargetCapacity { role: Role::Pending, percent: 20 });
+    assert_eq!(
+        a,
+        Action::SetTargetCapacity {
+            role: Role::Pending,
+            percent: 20
+        }
+    );
 }
 
 #[test]
@@ -70,10 +93,19 @@ fn traffic_waits_exactly_for_the_interval() {
     o.last_traffic_step = Some(t(995));
     assert_eq!(
         next_action(&opts(20, 5, 10), &o),
-        Action::Wait { until: Some(t(1005)), reason: WaitReason::Interval }
+        Action::Wait {
+            until: Some(t(1005)),
+            reason: WaitReason::Interval
+        }
     );
     o.now = t(1005);
-    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTraffic { active: 90, pending: 10 });
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        Action::SetTraffic {
+            active: 90,
+            pending: 10
+        }
+    );
 }
 
 #[test]
@@ -81,16 +113,28 @@ fn hurry_skips_the_interval_but_not_capacity_checks() {
     let mut o = observed((100, 95), (20, 5));
     o.last_traffic_step = Some(t(999));
     o.hurry = true;
-    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTraffic { active: 90, pending: 10 });
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        Action::SetTraffic {
+            active: 90,
+            pending: 10
+        }
+    );
     o.pending_capacity_ready = false;
-    assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::PendingCapacityNotReady));
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        wait(WaitReason::PendingCapacityNotReady)
+    );
 }
 
 #[test]
 fn traffic_never_moves_without_verified_capacity_or_route() {
     let mut o = observed((100, 100), (20, 0));
     o.pending_capacity_ready = false;
-    assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::PendingCapacityNotReady));
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        wait(WaitReason::PendingCapacityNotReady)
+    );
     o.pending_capacity_ready = true;
     o.route_ready = false;
     assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::RouteNotReady));
@@ -99,9 +143,21 @@ fn traffic_never_moves_without_verified_capacity_or_route() {
 #[test]
 fn traffic_stops_at_pending_capacity_then_active_scales_down() {
     let o = observed((100, 80), (20, 20));
-    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTargetCapacity { role: Role::Active, percent: 80 });
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        Action::SetTargetCapacity {
+            role: Role::Active,
+            percent: 80
+        }
+    );
     let o = observed((80, 80), (20, 20));
-    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTargetCapacity { role: Role::Pending, percent: 40 });
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        Action::SetTargetCapacity {
+            role: Role::Pending,
+            percent: 40
+        }
+    );
 }
 
 #[test]
@@ -117,13 +173,25 @@ fn paused_holds_but_repairs_still_happen() {
     assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::Paused));
     let mut broken = observed((100, 60), (20, 40));
     broken.paused = true;
-    assert_eq!(next_action(&opts(20, 5, 10), &broken), Action::SetTraffic { active: 80, pending: 20 });
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &broken),
+        Action::SetTraffic {
+            active: 80,
+            pending: 20
+        }
+    );
 }
 
 #[test]
 fn repairs_weights_that_do_not_sum_to_100() {
     let o = observed((100, 90), (20, 5));
-    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTraffic { active: 95, pending: 5 });
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        Action::SetTraffic {
+            active: 95,
+            pending: 5
+        }
+    );
 }
 
 #[test]
@@ -133,10 +201,22 @@ fn rollback_never_leaves_pending_under_capacity() {
     o.direction = Direction::Rollback;
     o.last_traffic_step = Some(t(0));
     let opts = opts(30, 15, 10);
-    assert_eq!(next_action(&opts, &o), Action::SetTraffic { active: 70, pending: 30 });
+    assert_eq!(
+        next_action(&opts, &o),
+        Action::SetTraffic {
+            active: 70,
+            pending: 30
+        }
+    );
     o.active.traffic = 70;
     o.pending.traffic = 30;
-    assert_eq!(next_action(&opts, &o), Action::SetTargetCapacity { role: Role::Pending, percent: 30 });
+    assert_eq!(
+        next_action(&opts, &o),
+        Action::SetTargetCapacity {
+            role: Role::Pending,
+            percent: 30
+        }
+    );
 }
 
 #[test]
@@ -146,7 +226,13 @@ fn rollback_finishes_even_if_pending_is_unreachable() {
     o.pending_reachable = false;
     assert_eq!(next_action(&opts(20, 5, 10), &o), Action::FinishRollback);
     o.pending_reachable = true;
-    assert_eq!(next_action(&opts(20, 5, 10), &o), Action::SetTargetCapacity { role: Role::Pending, percent: 20 });
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        Action::SetTargetCapacity {
+            role: Role::Pending,
+            percent: 20
+        }
+    );
 }
 
 #[test]
@@ -154,7 +240,10 @@ fn rollback_moves_traffic_only_to_verified_active_capacity() {
     let mut o = observed((80, 60), (40, 40));
     o.direction = Direction::Rollback;
     o.active_capacity_ready = false;
-    assert_eq!(next_action(&opts(20, 5, 10), &o), wait(WaitReason::ActiveCapacityNotReady));
+    assert_eq!(
+        next_action(&opts(20, 5, 10), &o),
+        wait(WaitReason::ActiveCapacityNotReady)
+    );
 }
 
 #[test]
@@ -165,7 +254,10 @@ fn options_from_spec() {
         ..Default::default()
     };
     assert_eq!(UpgradeOptions::from_spec(&spec), Some(opts(100, 5, 10)));
-    let never = ClusterUpgradeOptions { max_surge_percent: Some(0), ..spec.clone() };
+    let never = ClusterUpgradeOptions {
+        max_surge_percent: Some(0),
+        ..spec.clone()
+    };
     assert_eq!(UpgradeOptions::from_spec(&never), None);
     assert_eq!(UpgradeOptions::from_spec(&ClusterUpgradeOptions::default()), None);
 }
@@ -201,9 +293,21 @@ fn options() -> impl Strategy<Value = UpgradeOptions> {
 fn assert_invariants(opts: &UpgradeOptions, o: &Observed) -> Result<(), TestCaseError> {
     let (a, p) = (o.active, o.pending);
     prop_assert_eq!(a.traffic + p.traffic, 100, "weights sum to 100: {:?}", o);
-    prop_assert!(p.traffic <= p.capacity, "pending weight <= pending capacity: {:?}", o);
-    prop_assert!(a.traffic <= a.capacity, "active weight <= active capacity: {:?}", o);
-    prop_assert!(a.capacity + p.capacity <= 100 + opts.max_surge_percent, "surge bound: {:?}", o);
+    prop_assert!(
+        p.traffic <= p.capacity,
+        "pending weight <= pending capacity: {:?}",
+        o
+    );
+    prop_assert!(
+        a.traffic <= a.capacity,
+        "active weight <= active capacity: {:?}",
+        o
+    );
+    prop_assert!(
+        a.capacity + p.capacity <= 100 + opts.max_surge_percent,
+        "surge bound: {:?}",
+        o
+    );
     for v in [a.capacity, a.traffic, p.capacity, p.traffic] {
         prop_assert!((0..=100).contains(&v));
     }

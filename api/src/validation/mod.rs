@@ -89,15 +89,30 @@ impl FieldError {
         rule: &'static str,
         message: impl Into<String>,
     ) -> Self {
-        Self { field: field.into(), kind: ErrorKind::Invalid(value.into()), message: message.into(), rule }
+        Self {
+            field: field.into(),
+            kind: ErrorKind::Invalid(value.into()),
+            message: message.into(),
+            rule,
+        }
     }
 
     pub fn required(field: impl Into<String>, rule: &'static str, message: impl Into<String>) -> Self {
-        Self { field: field.into(), kind: ErrorKind::Required, message: message.into(), rule }
+        Self {
+            field: field.into(),
+            kind: ErrorKind::Required,
+            message: message.into(),
+            rule,
+        }
     }
 
     pub fn forbidden(field: impl Into<String>, rule: &'static str, message: impl Into<String>) -> Self {
-        Self { field: field.into(), kind: ErrorKind::Forbidden, message: message.into(), rule }
+        Self {
+            field: field.into(),
+            kind: ErrorKind::Forbidden,
+            message: message.into(),
+            rule,
+        }
     }
 
     pub fn not_supported(
@@ -108,9 +123,18 @@ impl FieldError {
     ) -> Self {
         let message = format!(
             "supported values: {}",
-            supported.iter().map(|s| format!("\"{s}\"")).collect::<Vec<_>>().join(", ")
+            supported
+                .iter()
+                .map(|s| format!("\"{s}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
-        Self { field: field.into(), kind: ErrorKind::NotSupported(value.into(), supported), message, rule }
+        Self {
+            field: field.into(),
+            kind: ErrorKind::NotSupported(value.into(), supported),
+            message,
+            rule,
+        }
     }
 
     /// The message without the field path, in `kubectl` wording (`Invalid value: 150: must be ...`).
@@ -119,7 +143,9 @@ impl FieldError {
             ErrorKind::Invalid(v) => format!("Invalid value: {}: {}", render_value(v), self.message),
             ErrorKind::Required => format!("Required value: {}", self.message),
             ErrorKind::Forbidden => format!("Forbidden: {}", self.message),
-            ErrorKind::NotSupported(v, _) => format!("Unsupported value: {}: {}", render_value(v), self.message),
+            ErrorKind::NotSupported(v, _) => {
+                format!("Unsupported value: {}: {}", render_value(v), self.message)
+            }
         }
     }
 }
@@ -154,7 +180,11 @@ impl Verdict {
 
     /// All errors in one message, one per line, as the apiserver shows aggregated field errors.
     pub fn denial_message(&self) -> String {
-        self.errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+        self.errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     pub(crate) fn error(&mut self, e: FieldError) {
@@ -162,7 +192,11 @@ impl Verdict {
     }
 
     pub(crate) fn warn(&mut self, field: impl Into<String>, rule: &'static str, message: impl Into<String>) {
-        self.warnings.push(Warning { field: field.into(), message: message.into(), rule });
+        self.warnings.push(Warning {
+            field: field.into(),
+            message: message.into(),
+            rule,
+        });
     }
 }
 

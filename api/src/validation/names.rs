@@ -12,7 +12,8 @@ pub fn is_dns1035_label(s: &str) -> bool {
         && b.len() <= DNS_LABEL_MAX
         && b[0].is_ascii_lowercase()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 /// RFC 1123 label: like 1035 but may start with a digit.
@@ -22,7 +23,8 @@ pub fn is_dns1123_label(s: &str) -> bool {
         && b.len() <= DNS_LABEL_MAX
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 fn is_dns1123_subdomain(s: &str) -> bool {
@@ -33,7 +35,8 @@ fn is_dns1123_subdomain(s: &str) -> bool {
             !b.is_empty()
                 && b[0].is_ascii_alphanumeric()
                 && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         })
 }
 
@@ -43,7 +46,8 @@ fn is_name_part(s: &str) -> bool {
         && b.len() <= QUALIFIED_NAME_MAX
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// Problems with a label key (`[prefix/]name`); empty when valid.
@@ -53,10 +57,10 @@ pub fn qualified_name_errors(key: &str) -> Vec<String> {
         None => (None, key),
     };
     let mut errs = Vec::new();
-    if let Some(p) = prefix {
-        if !is_dns1123_subdomain(p) {
-            errs.push("prefix part must be a lowercase RFC 1123 subdomain".to_string());
-        }
+    if let Some(p) = prefix
+        && !is_dns1123_subdomain(p)
+    {
+        errs.push("prefix part must be a lowercase RFC 1123 subdomain".to_string());
     }
     if name.contains('/') || !is_name_part(name) {
         errs.push(

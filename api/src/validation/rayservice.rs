@@ -43,7 +43,12 @@ pub fn validate(new: &RayService, old: Option<&RayService>, cfg: &ValidationConf
 pub fn review(new: &Value, old: Option<&Value>, cfg: &ValidationConfig) -> Verdict {
     let new = match decode(new) {
         Ok(rs) => rs,
-        Err(e) => return Verdict { errors: vec![e], warnings: Vec::new() },
+        Err(e) => {
+            return Verdict {
+                errors: vec![e],
+                warnings: Vec::new(),
+            };
+        }
     };
     // A stored object that no longer decodes must not block fixing it.
     let old = old.and_then(|o| decode(o).ok());
@@ -78,7 +83,11 @@ fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
 fn metadata(rs: &RayService, annotations: &BTreeMap<String, String>, v: &mut Verdict) {
     let name = rs.metadata.name.as_deref().unwrap_or("");
     if name.is_empty() {
-        v.error(FieldError::required("metadata.name", "metadata-name", "name is required"));
+        v.error(FieldError::required(
+            "metadata.name",
+            "metadata-name",
+            "name is required",
+        ));
     } else {
         if name.len() > MAX_NAME_LEN {
             v.error(FieldError::invalid(
@@ -99,15 +108,15 @@ fn metadata(rs: &RayService, annotations: &BTreeMap<String, String>, v: &mut Ver
             ));
         }
     }
-    if let Some(raw) = annotations.get(INITIALIZING_TIMEOUT) {
-        if let Err(msg) = initializing_timeout(raw) {
-            v.error(FieldError::invalid(
-                format!("metadata.annotations[{INITIALIZING_TIMEOUT}]"),
-                raw.as_str(),
-                "initializing-timeout",
-                msg,
-            ));
-        }
+    if let Some(raw) = annotations.get(INITIALIZING_TIMEOUT)
+        && let Err(msg) = initializing_timeout(raw)
+    {
+        v.error(FieldError::invalid(
+            format!("metadata.annotations[{INITIALIZING_TIMEOUT}]"),
+            raw.as_str(),
+            "initializing-timeout",
+            msg,
+        ));
     }
 }
 
@@ -117,12 +126,16 @@ fn initializing_timeout(raw: &str) -> Result<(), String> {
         return if secs > 0.0 {
             Ok(())
         } else {
-            Err(format!("annotation {INITIALIZING_TIMEOUT} must be a positive duration, got: {raw}"))
+            Err(format!(
+                "annotation {INITIALIZING_TIMEOUT} must be a positive duration, got: {raw}"
+            ))
         };
     }
     match raw.parse::<i64>() {
         Ok(n) if n > 0 => Ok(()),
-        Ok(_) => Err(format!("annotation {INITIALIZING_TIMEOUT} must be a positive integer (seconds), got: {raw}")),
+        Ok(_) => Err(format!(
+            "annotation {INITIALIZING_TIMEOUT} must be a positive integer (seconds), got: {raw}"
+        )),
         Err(_) => Err(format!(
             "annotation {INITIALIZING_TIMEOUT} has invalid format: {raw}. Expected Go duration format (e.g., \
              '5m', '1h') or positive integer seconds"
@@ -144,13 +157,17 @@ pub(crate) fn go_duration_seconds(s: &str) -> Option<f64> {
     }
     let mut total = 0.0;
     while !rest.is_empty() {
-        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         let (num, tail) = rest.split_at(num_end);
         if num.is_empty() || num == "." {
             return None;
         }
         let n: f64 = num.parse().ok()?;
-        let unit_end = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let unit_end = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
         let (unit, next) = tail.split_at(unit_end);
         let scale = match unit {
             "ns" => 1e-9,
@@ -170,34 +187,52 @@ pub(crate) fn go_duration_seconds(s: &str) -> Option<f64> {
 /// The CRD's CEL rules on `spec.managedBy` (allowed values, immutable), enforced here for 1.20.
 fn managed_by(new: &RayService, old: Option<&RayService>, cfg: &ValidationConfig, v: &mut Verdict) {
     const FIELD: &str = "spec.managedBy";
-    if let Some(value) = new.spec.managed_by.as_deref() {
-        if !cfg.managed_by_values.iter().any(|m| m == value) {
-            let message = format!(
-                "the managedBy field value must be one of {}",
-                cfg.managed_by_values.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ")
-            );
-            v.error(FieldError::invalid(FIELD, value, "managed-by-value", message));
-        }
+    if let Some(value) = new.spec.managed_by.as_deref()
+        && !cfg.managed_by_values.iter().any(|m| m == value)
+    {
+        let message = format!(
+            "the managedBy field value must be one of {}",
+            cfg.managed_by_values
+                .iter()
+                .map(|m| format!("'{m}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        v.error(FieldError::invalid(FIELD, value, "managed-by-value", message));
     }
-    if let Some(old) = old {
-        if old.spec.managed_by != new.spec.managed_by {
-            let shown = new.spec.managed_by.clone().map_or(Value::Null, Value::String);
-            v.error(FieldError::invalid(FIELD, shown, "managed-by-immutable", "the managedBy field is immutable"));
-        }
+    if let Some(old) = old
+        && old.spec.managed_by != new.spec.managed_by
+    {
+        let shown = new.spec.managed_by.clone().map_or(Value::Null, Value::String);
+        v.error(FieldError::invalid(
+            FIELD,
+            shown,
+            "managed-by-immutable",
+            "the managedBy field is immutable",
+        ));
     }
 }
 
 fn spec(rs: &RayService, v: &mut Verdict) {
     let spec = &rs.spec;
     let cluster = &spec.ray_cluster_config;
-    if cluster.extra.get("authOptions").and_then(|a| a.get("enableK8sTokenAuth")) == Some(&Value::Bool(true)) {
+    if cluster
+        .extra
+        .get("authOptions")
+        .and_then(|a| a.get("enableK8sTokenAuth"))
+        == Some(&Value::Bool(true))
+    {
         v.error(FieldError::forbidden(
             format!("{}.authOptions.enableK8sTokenAuth", path::CLUSTER),
             "k8s-token-auth",
             "K8s token auth mode is currently not supported for RayService",
         ));
     }
-    let head_svc_name = cluster.head_group_spec.head_service.as_ref().and_then(|s| s.pointer("/metadata/name"));
+    let head_svc_name = cluster
+        .head_group_spec
+        .head_service
+        .as_ref()
+        .and_then(|s| s.pointer("/metadata/name"));
     if head_svc_name.is_some_and(|n| !n.is_null() && n != "") {
         v.error(FieldError::forbidden(
             format!("{}.headService.metadata.name", path::HEAD),
@@ -221,8 +256,14 @@ fn spec(rs: &RayService, v: &mut Verdict) {
         ));
     }
     for (field, set) in [
-        ("spec.serviceUnhealthySecondThreshold", spec.service_unhealthy_second_threshold.is_some()),
-        ("spec.deploymentUnhealthySecondThreshold", spec.deployment_unhealthy_second_threshold.is_some()),
+        (
+            "spec.serviceUnhealthySecondThreshold",
+            spec.service_unhealthy_second_threshold.is_some(),
+        ),
+        (
+            "spec.deploymentUnhealthySecondThreshold",
+            spec.deployment_unhealthy_second_threshold.is_some(),
+        ),
     ] {
         if set {
             v.warn(field, "deprecated-field", "deprecated and ignored");
@@ -233,7 +274,11 @@ fn spec(rs: &RayService, v: &mut Verdict) {
 fn upgrade_strategy(rs: &RayService, cfg: &ValidationConfig, v: &mut Verdict) {
     let spec = &rs.spec;
     let Some(kind) = spec.upgrade_type() else {
-        let raw = spec.upgrade_strategy.as_ref().and_then(|s| s.type_.clone()).unwrap_or_default();
+        let raw = spec
+            .upgrade_strategy
+            .as_ref()
+            .and_then(|s| s.type_.clone())
+            .unwrap_or_default();
         v.error(FieldError::not_supported(
             format!("{}.type", path::STRATEGY),
             raw,
@@ -271,7 +316,11 @@ fn upgrade_strategy(rs: &RayService, cfg: &ValidationConfig, v: &mut Verdict) {
         ));
     }
     if spec.serve_service.is_some() {
-        v.warn("spec.serveService", "serve-service-ignored", "ignored by NewClusterWithIncrementalUpgrade");
+        v.warn(
+            "spec.serveService",
+            "serve-service-ignored",
+            "ignored by NewClusterWithIncrementalUpgrade",
+        );
     }
     match options {
         None => v.error(FieldError::required(
@@ -286,7 +335,12 @@ fn upgrade_strategy(rs: &RayService, cfg: &ValidationConfig, v: &mut Verdict) {
 fn percent_rule(field: &str, value: i32, rule: &'static str, v: &mut Verdict) -> bool {
     let name = field.rsplit('.').next().unwrap_or(field);
     if !(0..=100).contains(&value) {
-        v.error(FieldError::invalid(field, value, rule, format!("{name} must be between 0 and 100")));
+        v.error(FieldError::invalid(
+            field,
+            value,
+            rule,
+            format!("{name} must be between 0 and 100"),
+        ));
         return false;
     }
     if value == 0 {
@@ -294,7 +348,9 @@ fn percent_rule(field: &str, value: i32, rule: &'static str, v: &mut Verdict) ->
             field,
             value,
             "upgrade-never-finishes",
-            format!("{name} must be greater than 0: with 0 the upgrade never makes progress and never finishes"),
+            format!(
+                "{name} must be greater than 0: with 0 the upgrade never makes progress and never finishes"
+            ),
         ));
         return false;
     }
@@ -310,7 +366,11 @@ fn incremental_options(rs: &RayService, o: &ClusterUpgradeOptions, v: &mut Verdi
     let surge_ok = percent_rule(&surge_field, surge, "max-surge-range", v);
     let step_ok = match o.step_size_percent {
         None => {
-            v.error(FieldError::required(&step_field, "step-size-range", "stepSizePercent must be between 0 and 100"));
+            v.error(FieldError::required(
+                &step_field,
+                "step-size-range",
+                "stepSizePercent must be between 0 and 100",
+            ));
             false
         }
         Some(step) => percent_rule(&step_field, step, "step-size-range", v),
@@ -355,7 +415,10 @@ fn incremental_options(rs: &RayService, o: &ClusterUpgradeOptions, v: &mut Verdi
         }
         Some(_) => {}
     }
-    if let Some(step) = o.step_size_percent.filter(|s| surge_ok && step_ok && *s <= surge && surge % *s != 0) {
+    if let Some(step) = o
+        .step_size_percent
+        .filter(|s| surge_ok && step_ok && *s <= surge && surge % *s != 0)
+    {
         v.warn(
             &step_field,
             "step-not-dividing-surge",

@@ -28,7 +28,12 @@ pub(crate) fn check(text: Option<&str>, incremental: bool, v: &mut Verdict) {
     let config = match parse_serve_config(text) {
         Ok(c) => c,
         Err(e) => {
-            v.error(FieldError::invalid(FIELD, "<yaml>", "serve-config-yaml", format!("must be valid YAML: {e}")));
+            v.error(FieldError::invalid(
+                FIELD,
+                "<yaml>",
+                "serve-config-yaml",
+                format!("must be valid YAML: {e}"),
+            ));
             return;
         }
     };
@@ -64,10 +69,19 @@ fn check_applications(apps: &[Value], v: &mut Verdict) {
     for (i, app) in apps.iter().enumerate() {
         let at = format!("{FIELD}.applications[{i}]");
         if !app.is_object() {
-            v.error(FieldError::invalid(at, app.clone(), "serve-config-application", "must be a mapping"));
+            v.error(FieldError::invalid(
+                at,
+                app.clone(),
+                "serve-config-application",
+                "must be a mapping",
+            ));
             continue;
         }
-        if app.get("import_path").and_then(Value::as_str).is_none_or(str::is_empty) {
+        if app
+            .get("import_path")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
             v.error(FieldError::required(
                 format!("{at}.import_path"),
                 "serve-config-import-path",
@@ -83,15 +97,15 @@ fn check_applications(apps: &[Value], v: &mut Verdict) {
                 "application names must be unique",
             ));
         }
-        if let Some(prefix) = app.get("route_prefix").and_then(Value::as_str) {
-            if !prefixes.insert(prefix.to_string()) {
-                v.error(FieldError::invalid(
-                    format!("{at}.route_prefix"),
-                    prefix,
-                    "serve-config-duplicate-route",
-                    "route prefixes must be unique across applications",
-                ));
-            }
+        if let Some(prefix) = app.get("route_prefix").and_then(Value::as_str)
+            && !prefixes.insert(prefix.to_string())
+        {
+            v.error(FieldError::invalid(
+                format!("{at}.route_prefix"),
+                prefix,
+                "serve-config-duplicate-route",
+                "route prefixes must be unique across applications",
+            ));
         }
     }
 }

@@ -31,13 +31,25 @@ fn per_pod(group: &WorkerGroupSpec, resource: Resource) -> f64 {
         Resource::Gpu => "num-gpus",
         Resource::Cpu => "num-cpus",
     };
-    if let Some(v) = group.ray_start_params.as_ref().and_then(|p| p.get(param)).and_then(|v| quantity::parse(v)) {
+    if let Some(v) = group
+        .ray_start_params
+        .as_ref()
+        .and_then(|p| p.get(param))
+        .and_then(|v| quantity::parse(v))
+    {
         return v;
     }
-    if let Some(v) = group.resources.as_ref().and_then(|r| r.get(resource.name())).and_then(|v| quantity::parse(v)) {
+    if let Some(v) = group
+        .resources
+        .as_ref()
+        .and_then(|r| r.get(resource.name()))
+        .and_then(|v| quantity::parse(v))
+    {
         return v;
     }
-    let Some(ray) = group.template.ray_container() else { return 0.0 };
+    let Some(ray) = group.template.ray_container() else {
+        return 0.0;
+    };
     match resource {
         Resource::Cpu => ray
             .resource("cpu")
@@ -46,7 +58,11 @@ fn per_pod(group: &WorkerGroupSpec, resource: Resource) -> f64 {
             .unwrap_or(0.0),
         Resource::Gpu => ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915"]
             .iter()
-            .filter_map(|r| ray.resource(r).and_then(quantity::parse).or_else(|| ray.resource_number(r)))
+            .filter_map(|r| {
+                ray.resource(r)
+                    .and_then(quantity::parse)
+                    .or_else(|| ray.resource_number(r))
+            })
             .sum(),
     }
 }
@@ -63,8 +79,11 @@ fn max_pods(group: &WorkerGroupSpec) -> Option<i64> {
 /// Warns for each group where one pod is a larger share than a surge step.
 pub(crate) fn check(cluster: &RayClusterSpec, max_surge: i32, field: &str, v: &mut Verdict) {
     let groups = cluster.worker_groups();
-    let resource =
-        if groups.iter().any(|g| per_pod(g, Resource::Gpu) > 0.0) { Resource::Gpu } else { Resource::Cpu };
+    let resource = if groups.iter().any(|g| per_pod(g, Resource::Gpu) > 0.0) {
+        Resource::Gpu
+    } else {
+        Resource::Cpu
+    };
     for g in groups {
         let pod = per_pod(g, resource);
         let Some(pods) = max_pods(g) else { continue };
@@ -94,5 +113,9 @@ pub(crate) fn check(cluster: &RayClusterSpec, max_surge: i32, field: &str, v: &m
 }
 
 fn trim(x: f64) -> String {
-    if x.fract() == 0.0 { format!("{x:.0}") } else { format!("{x}") }
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x}")
+    }
 }

@@ -1,0 +1,143 @@
+//! The webhook's Prometheus metrics, registered on a registry passed in (no global registry).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::admission::{Hook, Record};
+
+/// Latency buckets in seconds: admission must stay far below the apiserver's 5 s timeout.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+#[derive(Clone)]
+pub struct Metrics {
+    requests: IntCounterVec,
+    denials: IntCounterVec,
+    warnings: IntCounterVec,
+    patches: IntCounter,
+    bad_requests: IntCounterVec,
+    latency: HistogramVec,
+    tls_handshake_errors: IntCounter,
+    cert_expiry: IntGauge,
+    cert_reloads: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = Self {
+            requests: IntCounterVec::new(
+                Opts::new(
+                    "rayshift_admission_requests_total",
+                    "Admission reviews answered, by webhook, operation and verdict.",
+                ),
+                &["webhook", "operation", "verdict"],
+            )?,
+            denials: IntCounterVec::new(
+                Opts::new(
+                    "rayshift_admission_denials_total",
+                    "Rule violations that denied a RayService, by rule.",
+                ),
+                &["rule"],
+            )?,
+            warnings: IntCounterVec::new(
+                Opts::new(
+                    "rayshift_admission_warnings_total",
+                    "Warnings returned with admitted RayServices, by rule.",
+                ),
+                &["rule"],
+            )?,
+            patches: IntCounter::new(
+                "rayshift_admission_patches_total",
+                "Mutating reviews that returned a defaulting patch.",
+            )?,
+            bad_requests: IntCounterVec::new(
+                Opts::new(
+                    "rayshift_admission_bad_requests_total",
+                    "Requests refused before review, by HTTP status.",
+                ),
+                &["code"],
+            )?,
+            latency: HistogramVec::new(
+                HistogramOpts::new(
+                    "rayshift_admission_request_duration_seconds",
+                    "Time to answer an admission review.",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["webhook"],
+            )?,
+            tls_handshake_errors: IntCounter::new(
+                "rayshift_webhook_tls_handshake_errors_total",
+                "TLS handshakes with the webhook that failed.",
+            )?,
+            cert_expiry: IntGauge::new(
+                "rayshift_webhook_certificate_expiry_timestamp_seconds",
+                "Expiry (notAfter, Unix seconds) of the serving certificate in use.",
+            )?,
+            cert_reloads: IntCounterVec::new(
+                Opts::new(
+                    "rayshift_webhook_certificate_reloads_total",
+                    "Serving certificate reloads from disk, by result.",
+                ),
+                &["result"],
+            )?,
+        };
+        registry.register(Box::new(m.requests.clone()))?;
+        registry.register(Box::new(m.denials.clone()))?;
+        registry.register(Box::new(m.warnings.clone()))?;
+        registry.register(Box::new(m.patches.clone()))?;
+        registry.register(Box::new(m.bad_requests.clone()))?;
+        registry.register(Box::new(m.latency.clone()))?;
+        registry.register(Box::new(m.tls_handshake_errors.clone()))?;
+        registry.register(Box::new(m.cert_expiry.clone()))?;
+        registry.register(Box::new(m.cert_reloads.clone()))?;
+        Ok(m)
+    }
+
+    pub fn observe(&self, hook: Hook, record: &Record) {
+        let verdict = if record.allowed { "allowed" } else { "denied" };
+        self.requests
+            .with_label_values(&[hook.as_str(), record.operation, verdict])
+            .inc();
+        for rule in &record.denied_rules {
+            self.denials.with_label_values(&[rule]).inc();
+        }
+        for rule in &record.warned_rules {
+            self.warnings.with_label_values(&[rule]).inc();
+        }
+        if record.patched {
+            self.patches.inc();
+        }
+    }
+
+    pub fn bad_request(&self, code: u16) {
+        self.bad_requests.with_label_values(&[&code.to_string()]).inc();
+    }
+
+    pub fn latency(&self, hook: Hook) -> Histogram {
+        self.latency.with_label_values(&[hook.as_str()])
+    }
+
+    pub fn tls_handshake_error(&self) {
+        self.tls_handshake_errors.inc();
+    }
+
+    pub fn cert_loaded(&self, not_after_unix: i64) {
+        self.cert_expiry.set(not_after_unix);
+        self.cert_reloads.with_label_values(&["success"]).inc();
+    }
+
+    pub fn cert_load_failed(&self) {
+        self.cert_reloads.with_label_values(&["error"]).inc();
+    }
+}
+
+/// The text exposition of a registry.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    // Encoding to a Vec cannot fail for well-formed metric families.
+    let _ = TextEncoder::new().encode(&registry.gather(), &mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}

@@ -1,0 +1,280 @@
+//! The HTTPS server: our own accept loop over rustls, axum routes, graceful drain on shutdown.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{DefaultBodyLimit, State, rejection::BytesRejection},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::{conn::auto, graceful::GracefulShutdown},
+    service::TowerToHyperService,
+};
+use prometheus::Registry;
+use tokio::{net::TcpListener, sync::watch};
+use tokio_rustls::TlsAcceptor;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::{
+    admission::{self, AdmissionConfig, Hook},
+    error::Error,
+    metrics::{self, Metrics},
+    tls::CertStore,
+};
+
+pub const VALIDATE_PATH: &str = "/validate-ray-io-v1-rayservice";
+pub const MUTATE_PATH: &str = "/mutate-ray-io-v1-rayservice";
+
+/// Settings of the HTTPS server.
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+    pub handshake_timeout: Duration,
+    /// How long in-flight requests may take to finish after shutdown starts.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 * 1024 * 1024,
+            request_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    config: Arc<AdmissionConfig>,
+    metrics: Metrics,
+    certs: Arc<CertStore>,
+}
+
+/// The webhook's routes: admission, health and readiness.
+pub fn router(
+    config: Arc<AdmissionConfig>,
+    metrics: Metrics,
+    certs: Arc<CertStore>,
+    settings: &ServerSettings,
+) -> Router {
+    let state = AppState {
+        config,
+        metrics,
+        certs,
+    };
+    Router::new()
+        .route(VALIDATE_PATH, post(validate))
+        .route(MUTATE_PATH, post(mutate))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .layer(DefaultBodyLimit::max(settings.max_body_bytes))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            settings.request_timeout,
+        ))
+        .with_state(state)
+}
+
+async fn validate(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(&s, Hook::Validate, body)
+}
+
+async fn mutate(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    answer(&s, Hook::Mutate, body)
+}
+
+async fn readyz(State(s): State<AppState>) -> Response {
+    if s.certs.is_loaded() {
+        "ok".into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "serving certificate not loaded\n",
+        )
+            .into_response()
+    }
+}
+
+fn plain(code: StatusCode, message: String) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message + "\n",
+    )
+        .into_response()
+}
+
+fn answer(s: &AppState, hook: Hook, body: Result<Bytes, BytesRejection>) -> Response {
+    let timer = s.metrics.latency(hook).start_timer();
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            let code = rejection.status();
+            s.metrics.bad_request(code.as_u16());
+            return plain(
+                code,
+                format!("cannot read request body: {}", rejection.body_text()),
+            );
+        }
+    };
+    let response = match admission::review(hook, &body, &s.config) {
+        Ok((review, record)) => {
+            s.metrics.observe(hook, &record);
+            tracing::info!(
+                webhook = hook.as_str(),
+                operation = record.operation,
+                allowed = record.allowed,
+                denied = ?record.denied_rules,
+                warnings = record.warned_rules.len(),
+                patched = record.patched,
+                dry_run = record.dry_run,
+                "admission review"
+            );
+            axum::Json(review).into_response()
+        }
+        Err(Error::BadRequest(message)) => {
+            s.metrics.bad_request(400);
+            tracing::info!(webhook = hook.as_str(), %message, "bad admission request");
+            plain(StatusCode::BAD_REQUEST, message)
+        }
+        Err(e) => {
+            s.metrics.bad_request(500);
+            tracing::error!(webhook = hook.as_str(), error = %e, "admission review failed");
+            plain(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        }
+    };
+    timer.observe_duration();
+    response
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown` flips, then drains in-flight requests.
+pub async fn serve_tls(
+    listener: TcpListener,
+    certs: Arc<CertStore>,
+    router: Router,
+    metrics: Metrics,
+    settings: ServerSettings,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let acceptor = TlsAcceptor::from(certs.server_config()?);
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.handshake_timeout)
+        .keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    loop {
+        let (stream, peer) = tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        let metrics = metrics.clone();
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let handshake_timeout = settings.handshake_timeout;
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    metrics.tls_handshake_error();
+                    tracing::debug!(%peer, %error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    metrics.tls_handshake_error();
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                .into_owned();
+            if let Err(error) = watcher.watch(conn).await {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+    tracing::info!("webhook shutting down: draining in-flight requests");
+    if tokio::time::timeout(settings.drain_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timed out; closing remaining connections");
+    }
+    Ok(())
+}
+
+/// Plain-HTTP admin routes: `/metrics`, `/healthz`, `/readyz` (ready when `ready` says so).
+pub fn admin_router(registry: Registry, ready: Arc<dyn Fn() -> bool + Send + Sync>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        metrics::render(&registry),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready() {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                    }
+                }
+            }),
+        )
+}
+
+/// Serves the admin routes over plain HTTP until shutdown.
+pub async fn serve_admin(
+    listener: TcpListener,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.changed().await;
+        })
+        .await
+        .map_err(|e| Error::Io(format!("admin server: {e}")))
+}
+
+/// Binds a TCP listener with a clear error.
+pub async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Io(format!("cannot listen on {addr} for {what}: {e}")))
+}
