@@ -1,7 +1,11 @@
 //! Subcommands. Exit codes: 0 allowed / ok, 1 denied, 2 unreadable input or not a RayService.
 
+mod certs;
+mod logging;
 mod plan;
+mod shutdown;
 mod validate;
+mod webhook;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -35,6 +39,11 @@ enum Command {
     Plan(plan::Args),
     /// Print the CustomResourceDefinitions (RayService, RayCluster) generated from rayshift's types.
     Crds,
+    /// Run the admission webhook (validating + mutating RayService over TLS).
+    Webhook(webhook::Command),
+    /// Certificates for the webhook and its webhook configurations.
+    #[command(subcommand)]
+    Certs(certs::Command),
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -55,6 +64,10 @@ pub enum CliError {
     Api(#[from] rayshift_api::Error),
     #[error("JSON output: {0}")]
     Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Webhook(#[from] rayshift_webhook::Error),
+    #[error("runtime: {0}")]
+    Runtime(std::io::Error),
 }
 
 pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
@@ -65,6 +78,8 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
             print!("{}", rayshift_api::crd::to_yaml());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Webhook(cmd) => webhook::run(cmd),
+        Command::Certs(cmd) => certs::run(cmd),
     }
 }
 
@@ -90,7 +105,7 @@ pub fn parse_gates(s: &str) -> Result<FeatureGates, String> {
     s.parse::<FeatureGates>().map_err(|e| e.to_string())
 }
 
-fn read(path: &PathBuf) -> Result<String, CliError> {
+fn read(path: &std::path::Path) -> Result<String, CliError> {
     let shown = path.display().to_string();
     if shown == "-" {
         return std::io::read_to_string(std::io::stdin())

@@ -1,0 +1,102 @@
+//! `rayshift webhook`: the admission webhook server.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use prometheus::Registry;
+use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER, validation::ValidationConfig};
+use rayshift_webhook::{
+    Webhook, WebhookOptions,
+    admission::AdmissionConfig,
+    server::{self, ServerSettings},
+};
+
+use super::{CliError, DefaultsArgs, logging::LogArgs, parse_gates, shutdown};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Address of the HTTPS admission endpoint.
+    #[arg(long, default_value = "0.0.0.0:9443", env = "RAYSHIFT_WEBHOOK_ADDR")]
+    pub webhook_addr: SocketAddr,
+    /// PEM certificate chain (a TLS Secret's tls.crt); re-read when it changes.
+    #[arg(long, default_value = "/etc/rayshift/tls/tls.crt")]
+    pub tls_cert_file: PathBuf,
+    /// PEM private key (a TLS Secret's tls.key).
+    #[arg(long, default_value = "/etc/rayshift/tls/tls.key")]
+    pub tls_key_file: PathBuf,
+    /// Seconds between checks of the certificate files for a rotated pair.
+    #[arg(long, default_value_t = 10)]
+    pub cert_reload_interval_seconds: u64,
+    /// Largest AdmissionReview body accepted; larger ones get 413.
+    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Time allowed to read and answer one request; slower ones get 408.
+    #[arg(long, default_value_t = 10)]
+    pub request_timeout_seconds: u64,
+    /// Feature gates, Kubernetes syntax: RayServiceIncrementalUpgrade=true.
+    #[arg(long, value_parser = parse_gates, default_value = "", env = "RAYSHIFT_FEATURE_GATES")]
+    pub feature_gates: FeatureGates,
+    /// The managedBy value rayshift answers to (accepted besides KubeRay's own).
+    #[arg(long, default_value = RAYSHIFT_MANAGER)]
+    pub managed_by: String,
+    #[command(flatten)]
+    pub defaults: DefaultsArgs,
+}
+
+impl Args {
+    pub fn options(&self) -> Result<WebhookOptions, CliError> {
+        let mut validation = ValidationConfig {
+            feature_gates: self.feature_gates.clone(),
+            ..ValidationConfig::default()
+        };
+        if !validation.managed_by_values.contains(&self.managed_by) {
+            validation.managed_by_values.push(self.managed_by.clone());
+        }
+        Ok(WebhookOptions {
+            webhook_addr: self.webhook_addr,
+            tls_cert_file: self.tls_cert_file.clone(),
+            tls_key_file: self.tls_key_file.clone(),
+            cert_reload_interval: Duration::from_secs(self.cert_reload_interval_seconds.max(1)),
+            admission: AdmissionConfig {
+                validation,
+                defaults: self.defaults.load()?,
+            },
+            server: ServerSettings {
+                max_body_bytes: self.max_body_bytes,
+                request_timeout: Duration::from_secs(self.request_timeout_seconds.max(1)),
+                ..ServerSettings::default()
+            },
+        })
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Command {
+    #[command(flatten)]
+    webhook: Args,
+    /// Plain-HTTP address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080", env = "RAYSHIFT_METRICS_ADDR")]
+    metrics_addr: SocketAddr,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
+    cmd.log.init();
+    let options = cmd.webhook.options()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)?;
+    runtime.block_on(async move {
+        let registry = Registry::new();
+        let shutdown = shutdown::on_signal();
+        let webhook = Webhook::bind(options, &registry).await?;
+        let admin = server::bind(cmd.metrics_addr, "metrics").await?;
+        tracing::info!(webhook = %webhook.local_addr()?, metrics = %admin.local_addr().map_err(|e| rayshift_webhook::Error::Io(e.to_string()))?, "listening");
+        let admin_router = server::admin_router(registry.clone(), webhook.readiness());
+        let admin_task = tokio::spawn(server::serve_admin(admin, admin_router, shutdown.clone()));
+        webhook.run(shutdown).await?;
+        admin_task.await.map_err(|e| CliError::Runtime(std::io::Error::other(e)))??;
+        Ok(ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,4 @@
+//! Test support shared by the end-to-end tests.
+#![allow(dead_code)]
+
+pub mod webhook;

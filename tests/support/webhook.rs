@@ -1,0 +1,216 @@
+//! Starts the real `rayshift webhook` process on loopback ports with certificates from
+//! `rayshift certs generate`, and talks to it over real TLS.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::{SocketAddr, TcpListener},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+
+pub fn rayshift_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_rayshift")
+}
+
+/// Runs `rayshift certs generate` into `dir` for a loopback webhook.
+pub fn generate_certs(dir: &Path, reuse_ca: bool) {
+    let mut cmd = Command::new(rayshift_bin());
+    cmd.args([
+        "certs",
+        "generate",
+        "--service",
+        "rayshift-webhook",
+        "--namespace",
+        "rayshift-system",
+        "--ip",
+        "127.0.0.1",
+    ])
+    .arg("--out")
+    .arg(dir);
+    if reuse_ca {
+        cmd.arg("--reuse-ca");
+    }
+    let out = cmd.output().expect("run rayshift certs generate");
+    assert!(
+        out.status.success(),
+        "certs generate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running webhook process; killed on drop.
+pub struct WebhookProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub dir: PathBuf,
+    pub logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl WebhookProcess {
+    pub fn start(dir: &Path, extra: &[&str]) -> Self {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let metrics_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut child = Command::new(rayshift_bin())
+            .arg("webhook")
+            .arg("--webhook-addr")
+            .arg(addr.to_string())
+            .arg("--metrics-addr")
+            .arg(metrics_addr.to_string())
+            .arg("--tls-cert-file")
+            .arg(dir.join("tls.crt"))
+            .arg("--tls-key-file")
+            .arg(dir.join("tls.key"))
+            .args([
+                "--cert-reload-interval-seconds",
+                "1",
+                "--feature-gates=RayServiceIncrementalUpgrade=true",
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rayshift webhook");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let process = Self {
+            child,
+            addr,
+            metrics_addr,
+            dir: dir.to_path_buf(),
+            logs,
+        };
+        process.wait_ready();
+        process
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(resp) = plain_http::status(&format!("http://{}/readyz", self.metrics_addr))
+                && resp == 200
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "webhook not ready; logs:\n{}",
+            self.logs.lock().unwrap().join("\n")
+        );
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.addr.port())
+    }
+
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("ca.crt")).unwrap()
+    }
+
+    /// The text of /metrics.
+    pub fn metrics(&self) -> String {
+        plain_http::text(&format!("http://{}/metrics", self.metrics_addr))
+    }
+}
+
+impl Drop for WebhookProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of one sample line of a Prometheus text exposition, 0 when absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// An AdmissionReview for `object` as the apiserver sends it.
+pub fn admission_review(operation: &str, object: Option<&Value>, old: Option<&Value>) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "ray.io", "version": "v1", "kind": "RayService"},
+            "resource": {"group": "ray.io", "version": "v1", "resource": "rayservices"},
+            "requestKind": {"group": "ray.io", "version": "v1", "kind": "RayService"},
+            "requestResource": {"group": "ray.io", "version": "v1", "resource": "rayservices"},
+            "name": object.and_then(|o| o["metadata"]["name"].as_str()).unwrap_or("llm"),
+            "namespace": "serving",
+            "operation": operation,
+            "userInfo": {"username": "admin", "groups": ["system:masters", "system:authenticated"]},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    })
+}
+
+/// Tiny blocking HTTP helpers for plain-HTTP admin endpoints (no extra client runtime needed).
+pub mod plain_http {
+    use std::{
+        io::{Read, Write},
+        net::TcpStream,
+        time::Duration,
+    };
+
+    fn get(url: &str) -> std::io::Result<(u16, String)> {
+        let rest = url.strip_prefix("http://").expect("plain http url");
+        let (host, path) = rest
+            .split_once('/')
+            .map(|(h, p)| (h, format!("/{p}")))
+            .unwrap_or((rest, "/".into()));
+        let mut s = TcpStream::connect(host)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf)?;
+        let code = buf
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = buf
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, body))
+    }
+
+    pub fn status(url: &str) -> std::io::Result<u16> {
+        get(url).map(|(c, _)| c)
+    }
+
+    pub fn text(url: &str) -> String {
+        get(url).map(|(_, b)| b).unwrap_or_default()
+    }
+}
