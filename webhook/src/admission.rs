@@ -3,17 +3,20 @@
 //! A well-formed review always gets an AdmissionReview back (denials live inside it); a body that is not
 //! a RayService AdmissionReview at all is a client error with a message (HTTP 400).
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use kube::core::{
-    DynamicObject, Status,
-    admission::{AdmissionRequest, AdmissionResponse, Operation},
+    GroupVersionKind, Status,
+    admission::{AdmissionResponse, Operation},
     response::{StatusCause, StatusDetails, StatusSummary},
 };
 use rayshift_api::{
     defaulting::{self, UpgradeDefaults},
     validation::{self, ValidationConfig, Verdict},
 };
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::{Value, value::RawValue};
 
 use crate::error::Error;
 
@@ -53,33 +56,63 @@ pub struct Record {
 
 const ADMISSION_V1: &str = "admission.k8s.io/v1";
 
+/// The envelope, read without building a JSON tree for the objects inside (they are decoded once,
+/// straight into their types).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn<'a> {
+    api_version: Option<Cow<'a, str>>,
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    request: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestIn<'a> {
+    uid: Cow<'a, str>,
+    kind: GroupVersionKind,
+    operation: Operation,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(borrow, default)]
+    object: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    old_object: Option<&'a RawValue>,
+}
+
+/// Just the type of an object.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TypeOnly {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+}
+
 /// Answers one AdmissionReview body; `Err` means the body was not a usable AdmissionReview.
 pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Value, Record), Error> {
-    let mut doc: Value = serde_json::from_slice(body)
-        .map_err(|e| Error::BadRequest(format!("request body is not valid JSON: {e}")))?;
-    let (api_version, kind) = (
-        doc.get("apiVersion").and_then(Value::as_str),
-        doc.get("kind").and_then(Value::as_str),
-    );
+    let text = std::str::from_utf8(body)
+        .map_err(|e| Error::BadRequest(format!("request body is not valid JSON: not UTF-8 ({e})")))?;
+    let envelope: ReviewIn<'_> = serde_json::from_str(text).map_err(|e| {
+        Error::BadRequest(if e.is_syntax() || e.is_eof() {
+            format!("request body is not valid JSON: {e}")
+        } else {
+            format!("expected an {ADMISSION_V1} AdmissionReview object: {e}")
+        })
+    })?;
+    let (api_version, kind) = (envelope.api_version.as_deref(), envelope.kind.as_deref());
     if (api_version, kind) != (Some(ADMISSION_V1), Some("AdmissionReview")) {
         return Err(Error::BadRequest(format!(
             "expected an {ADMISSION_V1} AdmissionReview, got apiVersion {api_version:?} kind {kind:?}"
         )));
     }
-    let mut request = match doc.get_mut("request").map(Value::take) {
-        Some(r @ Value::Object(_)) => r,
-        _ => return Err(Error::BadRequest("AdmissionReview has no request".into())),
-    };
-    // The rules read the raw objects so that nothing the user wrote is lost on the way.
-    let object = request
-        .get_mut("object")
-        .map(Value::take)
-        .filter(|o| !o.is_null());
-    let old_object = request
-        .get_mut("oldObject")
-        .map(Value::take)
-        .filter(|o| !o.is_null());
-    let req: AdmissionRequest<DynamicObject> = serde_json::from_value(request)
+    let raw = envelope
+        .request
+        .filter(|r| r.get().trim_start().starts_with('{'))
+        .ok_or_else(|| Error::BadRequest("AdmissionReview has no request".into()))?;
+    let req: RequestIn<'_> = serde_json::from_str(raw.get())
         .map_err(|e| Error::BadRequest(format!("AdmissionReview request is malformed: {e}")))?;
     if (req.kind.group.as_str(), req.kind.kind.as_str()) != ("ray.io", "RayService") {
         return Err(Error::BadRequest(format!(
@@ -87,18 +120,26 @@ pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Valu
             req.kind.group, req.kind.version, req.kind.kind
         )));
     }
+    let object = req.object.filter(|o| o.get() != "null");
+    let old_object = req.old_object.filter(|o| o.get() != "null");
     let mut record = Record {
         operation: operation_name(&req.operation),
         dry_run: req.dry_run,
         ..Record::default()
     };
-    let response = AdmissionResponse::from(&req);
+    let response = response_for(&req.uid);
     let response = match (req.operation, object) {
         (Operation::Create | Operation::Update, Some(object)) => {
-            check_object_kind(&object)?;
+            check_object_kind(object)?;
             match hook {
-                Hook::Validate => validate(response, &object, old_object.as_ref(), config, &mut record),
-                Hook::Mutate => mutate(response, &object, config, &mut record)?,
+                Hook::Validate => validate(
+                    response,
+                    object.get(),
+                    old_object.map(RawValue::get),
+                    config,
+                    &mut record,
+                ),
+                Hook::Mutate => mutate(response, object.get(), config, &mut record)?,
             }
         }
         (Operation::Create | Operation::Update, None) => {
@@ -114,6 +155,15 @@ pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Valu
     Ok((encode(response)?, record))
 }
 
+/// An allowing response for request `uid` (kube's constructor wants the whole typed request).
+fn response_for(uid: &str) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid("");
+    response.uid = uid.to_string();
+    response.allowed = true;
+    response.result = Status::default();
+    response
+}
+
 fn operation_name(op: &Operation) -> &'static str {
     match op {
         Operation::Create => "CREATE",
@@ -123,8 +173,11 @@ fn operation_name(op: &Operation) -> &'static str {
     }
 }
 
-fn check_object_kind(object: &Value) -> Result<(), Error> {
-    match rayshift_api::documents::not_a_rayservice(object) {
+fn check_object_kind(object: &RawValue) -> Result<(), Error> {
+    let t: TypeOnly = serde_json::from_str(object.get())
+        .map_err(|e| Error::BadRequest(format!("request object is not a Kubernetes object: {e}")))?;
+    let typed = serde_json::json!({"apiVersion": t.api_version, "kind": t.kind});
+    match rayshift_api::documents::not_a_rayservice(&typed) {
         None => Ok(()),
         Some(why) => Err(Error::BadRequest(format!("request object is {why}"))),
     }
@@ -132,12 +185,12 @@ fn check_object_kind(object: &Value) -> Result<(), Error> {
 
 fn validate(
     mut response: AdmissionResponse,
-    object: &Value,
-    old: Option<&Value>,
+    object: &str,
+    old: Option<&str>,
     config: &AdmissionConfig,
     record: &mut Record,
 ) -> AdmissionResponse {
-    let verdict = validation::review(object, old, &config.validation);
+    let verdict = validation::review_str(object, old, &config.validation);
     record.warned_rules = verdict.warnings.iter().map(|w| w.rule).collect();
     if !verdict.warnings.is_empty() {
         response.warnings = Some(verdict.warnings.iter().map(ToString::to_string).collect());
@@ -147,13 +200,19 @@ fn validate(
     }
     record.denied_rules = verdict.errors.iter().map(|e| e.rule).collect();
     response.allowed = false;
-    response.result = denial_status(object, &verdict);
+    response.result = denial_status(&object_name(object), &verdict);
     response
 }
 
 /// A Status shaped like the apiserver's own `Invalid` errors, so kubectl users read it as usual.
-fn denial_status(object: &Value, verdict: &Verdict) -> Status {
-    let (name, _) = rayshift_api::documents::display_name(object);
+/// `metadata.name` of an object, read on the (rare) denial path.
+fn object_name(object: &str) -> String {
+    let value: Value = serde_json::from_str(object).unwrap_or(Value::Null);
+    rayshift_api::documents::display_name(&value).0
+}
+
+fn denial_status(name: &str, verdict: &Verdict) -> Status {
+    let name = name.to_string();
     let listed: Vec<String> = verdict.errors.iter().map(ToString::to_string).collect();
     let joined = if listed.len() == 1 {
         listed[0].clone()
@@ -194,11 +253,14 @@ fn denial_status(object: &Value, verdict: &Verdict) -> Status {
 
 fn mutate(
     response: AdmissionResponse,
-    object: &Value,
+    object: &str,
     config: &AdmissionConfig,
     record: &mut Record,
 ) -> Result<AdmissionResponse, Error> {
-    let patch = defaulting::default_patch(object, &config.defaults);
+    // Defaulting works on the raw tree so the patch touches only what it adds.
+    let object: Value = serde_json::from_str(object)
+        .map_err(|e| Error::BadRequest(format!("request object is not valid JSON: {e}")))?;
+    let patch = defaulting::default_patch(&object, &config.defaults);
     if patch.0.is_empty() {
         return Ok(response);
     }

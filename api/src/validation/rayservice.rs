@@ -6,13 +6,14 @@
 
 use std::collections::BTreeMap;
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::{FieldError, ValidationConfig, Verdict, names, path, raycluster, serve_config, surge};
 use crate::{
     RayService,
     feature_gates::RAY_SERVICE_INCREMENTAL_UPGRADE,
-    rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeType},
+    rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
 };
 
 /// KubeRay keeps `<name>-<5 chars>` and `-serve-svc` inside 63 characters.
@@ -21,8 +22,78 @@ const INITIALIZING_TIMEOUT: &str = "ray.io/initializing-timeout";
 /// Below this the Ray autoscaler rarely provisions pods between traffic steps (the seed advises 60).
 const MIN_ADVISED_INTERVAL_SECONDS: i32 = 30;
 
+/// What the UPDATE rules need of the stored object; decoding only this keeps UPDATE reviews cheap.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct StoredObject {
+    #[serde(default)]
+    spec: StoredSpec,
+    #[serde(default)]
+    status: Option<StoredStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredSpec {
+    #[serde(default)]
+    managed_by: Option<String>,
+    #[serde(default)]
+    upgrade_strategy: Option<UpgradeStrategy>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredStatus {
+    #[serde(default)]
+    pending_service_status: Option<StoredCluster>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoredCluster {
+    #[serde(default)]
+    ray_cluster_name: Option<String>,
+}
+
+impl StoredObject {
+    fn cluster_upgrade_options(&self) -> Option<&ClusterUpgradeOptions> {
+        self.spec
+            .upgrade_strategy
+            .as_ref()?
+            .cluster_upgrade_options
+            .as_ref()
+    }
+
+    /// A pending cluster is named: an upgrade is under way.
+    fn upgrading(&self) -> bool {
+        let pending = self
+            .status
+            .as_ref()
+            .and_then(|s| s.pending_service_status.as_ref());
+        pending
+            .and_then(|p| p.ray_cluster_name.as_deref())
+            .is_some_and(|n| !n.is_empty())
+    }
+}
+
+impl From<&RayService> for StoredObject {
+    fn from(rs: &RayService) -> Self {
+        let pending = rs.status.as_ref().and_then(|s| s.pending_service_status.as_ref());
+        Self {
+            spec: StoredSpec {
+                managed_by: rs.spec.managed_by.clone(),
+                upgrade_strategy: rs.spec.upgrade_strategy.clone(),
+            },
+            status: Some(StoredStatus {
+                pending_service_status: pending.map(|p| StoredCluster {
+                    ray_cluster_name: p.ray_cluster_name.clone(),
+                }),
+            }),
+        }
+    }
+}
+
 /// Validates a decoded RayService. `old` is the stored object on UPDATE.
-pub fn validate(new: &RayService, old: Option<&RayService>, cfg: &ValidationConfig) -> Verdict {
+pub fn validate(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationConfig) -> Verdict {
     let mut v = Verdict::default();
     let empty = BTreeMap::new();
     let annotations = new.metadata.annotations.as_ref().unwrap_or(&empty);
@@ -51,18 +122,44 @@ pub fn review(new: &Value, old: Option<&Value>, cfg: &ValidationConfig) -> Verdi
         }
     };
     // A stored object that no longer decodes must not block fixing it.
-    let old = old.and_then(|o| decode(o).ok());
+    let old = old.and_then(|o| serde_json::from_value::<StoredObject>(o.clone()).ok());
+    validate(&new, old.as_ref(), cfg)
+}
+
+/// Like [`review`], straight from JSON text: no intermediate JSON tree (the webhook's hot path).
+pub fn review_str(new: &str, old: Option<&str>, cfg: &ValidationConfig) -> Verdict {
+    let new = match decode_str(new) {
+        Ok(rs) => rs,
+        Err(e) => {
+            return Verdict {
+                errors: vec![e],
+                warnings: Vec::new(),
+            };
+        }
+    };
+    let old = old.and_then(|o| serde_json::from_str::<StoredObject>(o).ok());
     validate(&new, old.as_ref(), cfg)
 }
 
 /// Decodes a RayService, turning serde's first error into a field error with a path.
 pub fn decode(value: &Value) -> Result<RayService, FieldError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let at = e.path().to_string();
-        let shown = value_at(value, &at).cloned().unwrap_or(Value::Null);
-        let field = if at == "." { "<root>".to_string() } else { at };
-        FieldError::invalid(field, shown, "decode", e.into_inner().to_string())
+    serde_path_to_error::deserialize(value).map_err(|e| decode_error(value, e))
+}
+
+/// [`decode`] from JSON text.
+pub fn decode_str(text: &str) -> Result<RayService, FieldError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let value: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+        decode_error(&value, e)
     })
+}
+
+fn decode_error(value: &Value, e: serde_path_to_error::Error<serde_json::Error>) -> FieldError {
+    let at = e.path().to_string();
+    let shown = value_at(value, &at).cloned().unwrap_or(Value::Null);
+    let field = if at == "." { "<root>".to_string() } else { at };
+    FieldError::invalid(field, shown, "decode", e.into_inner().to_string())
 }
 
 /// The value at a serde path such as `spec.workerGroupSpecs[0].replicas`.
@@ -185,7 +282,7 @@ pub(crate) fn go_duration_seconds(s: &str) -> Option<f64> {
 }
 
 /// The CRD's CEL rules on `spec.managedBy` (allowed values, immutable), enforced here for 1.20.
-fn managed_by(new: &RayService, old: Option<&RayService>, cfg: &ValidationConfig, v: &mut Verdict) {
+fn managed_by(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationConfig, v: &mut Verdict) {
     const FIELD: &str = "spec.managedBy";
     if let Some(value) = new.spec.managed_by.as_deref()
         && !cfg.managed_by_values.iter().any(|m| m == value)
@@ -435,9 +532,8 @@ fn incremental_options(rs: &RayService, o: &ClusterUpgradeOptions, v: &mut Verdi
 }
 
 /// Changing the pacing mid-upgrade is allowed but takes effect on the running upgrade at once.
-fn options_changed_mid_upgrade(new: &RayService, old: &RayService, v: &mut Verdict) {
-    let upgrading = old.status.as_ref().is_some_and(|s| s.has_pending_cluster());
-    if upgrading && new.spec.cluster_upgrade_options() != old.spec.cluster_upgrade_options() {
+fn options_changed_mid_upgrade(new: &RayService, old: &StoredObject, v: &mut Verdict) {
+    if old.upgrading() && new.spec.cluster_upgrade_options() != old.cluster_upgrade_options() {
         v.warn(
             path::OPTIONS,
             "options-changed-mid-upgrade",
