@@ -13,7 +13,6 @@ use std::{
     net::SocketAddr,
     path::Path,
     process::{Child, Command, Stdio},
-    sync::Arc,
     time::{Duration, Instant},
 };
 
