@@ -22,8 +22,30 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "control plane: etcd + kube-apiserver v1.20.2 (installed and built once, cached)"
+bash tests/env/control-plane.sh install
+
 step "cargo test (workspace)"
-cargo test --workspace --locked --no-fail-fast
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
+passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
+
+step "no control-plane or webhook process left behind"
+cache_bin=$(bash tests/env/control-plane.sh bin)
+for _ in $(seq 30); do
+  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager)|/etcd --data-dir .*/rayshift-cp-|rayshift webhook" || true)
+  [ -z "$left" ] && break
+  sleep 1
+done
+if [ -n "$left" ]; then
+  echo "processes left running after the tests:" >&2
+  ps -o pid,stat,cmd -p $left >&2 || true
+  exit 1
+fi
+echo "none"
 
 echo
 echo "== all checks passed in $(( $(date +%s) - start ))s"
+echo "summary: $passed passed, $failed failed"

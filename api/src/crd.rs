@@ -1,7 +1,10 @@
 //! The CustomResourceDefinitions rayshift generates from its types.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
+use serde_json::Value;
 
 use crate::{RayCluster, RayService};
 
@@ -10,12 +13,66 @@ pub fn all() -> Vec<CustomResourceDefinition> {
     vec![RayService::crd(), RayCluster::crd()]
 }
 
+/// The Gateway API CRDs the incremental strategy needs (GatewayClass, Gateway, HTTPRoute), generated from
+/// the gateway-api crate's types: for clusters and tests without the official install.
+pub fn gateway_api() -> Vec<CustomResourceDefinition> {
+    use gateway_api::{gatewayclasses::GatewayClass, gateways::Gateway, httproutes::HttpRoute};
+    [GatewayClass::crd(), Gateway::crd(), HttpRoute::crd()]
+        .into_iter()
+        .map(|mut crd| {
+            // `*.k8s.io` groups are protected: the apiserver requires this annotation (as the official CRDs carry).
+            crd.metadata.annotations = Some(BTreeMap::from([
+                (
+                    "api-approved.kubernetes.io".to_string(),
+                    GATEWAY_API_APPROVAL.to_string(),
+                ),
+                (
+                    "rayshift.io/generated-from".to_string(),
+                    "gateway-api crate 0.22".to_string(),
+                ),
+            ]));
+            portable(crd)
+        })
+        .collect()
+}
+
+const GATEWAY_API_APPROVAL: &str = "https://github.com/kubernetes-sigs/gateway-api/pull/2466";
+
+/// Rewrites a CRD so that Kubernetes 1.20 accepts it as well as current clusters: `null` is dropped
+/// from enums (nullable already says it), CEL rules and null defaults are removed.
+fn portable(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(node: &mut Value) {
+        match node {
+            Value::Object(map) => {
+                if let Some(Value::Array(values)) = map.get_mut("enum") {
+                    values.retain(|v| !v.is_null());
+                }
+                map.remove("x-kubernetes-validations");
+                if map.get("default").is_some_and(Value::is_null) {
+                    map.remove("default");
+                }
+                map.values_mut().for_each(walk);
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(&crd).expect("CRDs serialize");
+    walk(&mut value);
+    serde_json::from_value(value).expect("a rewritten CRD is still a CRD")
+}
+
 /// The CRDs as one multi-document YAML stream (what `rayshift crds` prints).
 pub fn to_yaml() -> String {
+    yaml_stream(&all())
+}
+
+/// A multi-document YAML stream of CRDs.
+pub fn yaml_stream(crds: &[CustomResourceDefinition]) -> String {
     let mut out = String::new();
-    for crd in all() {
+    for crd in crds {
         out.push_str("---\n");
-        out.push_str(&yaml_serde::to_string(&crd).expect("CRDs serialize to YAML"));
+        out.push_str(&yaml_serde::to_string(crd).expect("CRDs serialize to YAML"));
     }
     out
 }
@@ -45,7 +102,7 @@ mod tests {
     /// apiserver requires of a structural schema.
     #[test]
     fn crds_are_structural_and_install_on_kubernetes_1_20() {
-        for crd in all() {
+        for crd in all().into_iter().chain(gateway_api()) {
             let json = serde_json::to_value(&crd).unwrap();
             let text = json.to_string();
             assert!(!text.contains("x-kubernetes-validations"), "no CEL rules on 1.20");
@@ -65,6 +122,12 @@ mod tests {
                     node.get("x-kubernetes-list-map-keys").is_none(),
                     "{path}: list-map keys need care on 1.20"
                 );
+                if let Some(Value::Array(values)) = node.get("enum") {
+                    assert!(
+                        values.iter().all(|v| !v.is_null()),
+                        "{path}: 1.20 refuses null in enums"
+                    );
+                }
                 for banned in ["$ref", "anyOf", "oneOf", "allOf", "definitions", "$defs"] {
                     assert!(node.get(banned).is_none(), "{path}: {banned} is not structural");
                 }

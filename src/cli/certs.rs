@@ -53,6 +53,9 @@ pub enum Command {
         /// Prefix of the configuration names.
         #[arg(long, default_value = "rayshift")]
         name: String,
+        /// Admit only namespaces carrying this label (KEY=VALUE, repeatable): an opt-in rollout.
+        #[arg(long = "namespace-selector", value_name = "KEY=VALUE", value_parser = parse_label)]
+        namespace_selector: Vec<(String, String)>,
     },
 }
 
@@ -92,6 +95,7 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
             port,
             url,
             name,
+            namespace_selector,
         } => {
             let ca_pem = read(&ca)?.into_bytes();
             let endpoint = match (service, url) {
@@ -108,9 +112,17 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
                 endpoint,
                 exclude_namespace: namespace,
                 name,
+                namespace_labels: namespace_selector.into_iter().collect(),
             };
             print!("{}", certs::webhook_configurations(&req)?);
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    Ok((k.trim().to_string(), v.trim().to_string()))
 }

@@ -38,7 +38,11 @@ enum Command {
     /// Show the incremental upgrade timeline of a RayService, assuming clusters become ready at once.
     Plan(plan::Args),
     /// Print the CustomResourceDefinitions (RayService, RayCluster) generated from rayshift's types.
-    Crds,
+    Crds {
+        /// Print the Gateway API CRDs (GatewayClass, Gateway, HTTPRoute) instead, for clusters without them.
+        #[arg(long)]
+        gateway_api: bool,
+    },
     /// Run the admission webhook (validating + mutating RayService over TLS).
     Webhook(webhook::Command),
     /// Certificates for the webhook and its webhook configurations.
@@ -74,8 +78,13 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Validate(args) => validate::run(args),
         Command::Plan(args) => plan::run(args),
-        Command::Crds => {
-            print!("{}", rayshift_api::crd::to_yaml());
+        Command::Crds { gateway_api } => {
+            let crds = if gateway_api {
+                rayshift_api::crd::gateway_api()
+            } else {
+                rayshift_api::crd::all()
+            };
+            print!("{}", rayshift_api::crd::yaml_stream(&crds));
             Ok(ExitCode::SUCCESS)
         }
         Command::Webhook(cmd) => webhook::run(cmd),

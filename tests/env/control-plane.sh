@@ -5,6 +5,9 @@
 #   control-plane.sh install        install packages, build the binaries once into the cache
 #   control-plane.sh start DIR      start everything on random loopback ports; writes DIR/kubeconfig
 #   control-plane.sh stop DIR       stop what `start DIR` started (by PID) and remove DIR
+#
+# With RAYSHIFT_OWNER_PID set, `start` also leaves a watchdog that stops the control plane once that
+# process has exited, so a test binary that dies (or simply ends) leaves nothing running.
 #   control-plane.sh bin            print the directory holding the binaries
 #
 # The build is cached outside the repo, keyed by version: ${RAYSHIFT_CACHE:-~/.cache/rayshift}/kube-<ver>.
@@ -13,6 +16,7 @@ set -euo pipefail
 
 KUBE_VERSION=1.20.2
 DEB_VERSION=1.20.5+really1.20.2
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 CACHE="${RAYSHIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift}"
 KUBE_CACHE="$CACHE/kube-$KUBE_VERSION"
 BIN="$KUBE_CACHE/bin"
@@ -159,6 +163,11 @@ EOF
     --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 --port=0 >"$dir/controller-manager.log" 2>&1 &
   echo $! >>"$dir/pids"
   echo "$url" >"$dir/server"
+  if [ -n "${RAYSHIFT_OWNER_PID:-}" ]; then
+    # setsid: the watchdog outlives this script and is not in the caller's process group.
+    setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.5; done; exec "$2" stop "$3"' \
+      watchdog "$RAYSHIFT_OWNER_PID" "$SELF" "$dir" </dev/null >/dev/null 2>&1 &
+  fi
   echo "$dir/kubeconfig"
 }
 

@@ -1,4 +1,5 @@
 //! Test support shared by the end-to-end tests.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod webhook;

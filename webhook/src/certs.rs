@@ -187,6 +187,8 @@ pub struct WebhookConfigRequest {
     pub endpoint: Endpoint,
     /// The webhook's own namespace, excluded so a broken webhook cannot lock itself out.
     pub exclude_namespace: Option<String>,
+    /// Only namespaces with these labels are admitted (opt-in rollout); empty means all.
+    pub namespace_labels: BTreeMap<String, String>,
     pub name: String,
 }
 
@@ -228,14 +230,17 @@ fn rules() -> Vec<RuleWithOperations> {
 }
 
 fn namespace_selector(req: &WebhookConfigRequest) -> Option<LabelSelector> {
-    let ns = req.exclude_namespace.clone()?;
-    Some(LabelSelector {
-        match_expressions: Some(vec![LabelSelectorRequirement {
+    let exclude = req.exclude_namespace.clone().map(|ns| {
+        vec![LabelSelectorRequirement {
             key: "kubernetes.io/metadata.name".into(),
             operator: "NotIn".into(),
             values: Some(vec![ns]),
-        }]),
-        match_labels: None,
+        }]
+    });
+    let labels = (!req.namespace_labels.is_empty()).then(|| req.namespace_labels.clone());
+    (exclude.is_some() || labels.is_some()).then_some(LabelSelector {
+        match_expressions: exclude,
+        match_labels: labels,
     })
 }
 

@@ -1,0 +1,218 @@
+//! A real kube-apiserver + etcd (+ kube-controller-manager) for the tests of one test binary, started by
+//! the project's own `tests/env/control-plane.sh`, with rayshift's CRDs and the Gateway API CRDs installed.
+//!
+//! One control plane per test binary (started on first use); every test gets a fresh namespace. The
+//! control plane stops when the test binary exits (the script's watchdog watches our PID).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    api::core::v1::Namespace, apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, Config,
+    api::{ObjectMeta, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn script() -> PathBuf {
+    repo().join("tests/env/control-plane.sh")
+}
+
+/// A running control plane.
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub server: String,
+}
+
+static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+
+/// The control plane of this test binary, started (and given the CRDs) on first use.
+pub fn control_plane() -> &'static ControlPlane {
+    SHARED.get_or_init(|| {
+        let cp = ControlPlane::start();
+        cp.kubectl(&[
+            "apply",
+            "-f",
+            &repo().join("manifests/crds/crds.yaml").to_string_lossy(),
+        ]);
+        cp.kubectl(&[
+            "apply",
+            "-f",
+            &repo().join("manifests/gateway-api/crds.yaml").to_string_lossy(),
+        ]);
+        cp.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "--all",
+        ]);
+        cp
+    })
+}
+
+impl ControlPlane {
+    /// Starts a new control plane in a fresh directory; it stops when this process exits.
+    pub fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("rayshift-cp-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        let started = Instant::now();
+        let out = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(&dir)
+            .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
+            .output()
+            .expect("run tests/env/control-plane.sh");
+        assert!(
+            out.status.success(),
+            "control plane did not start:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let server = std::fs::read_to_string(dir.join("server"))
+            .unwrap()
+            .trim()
+            .to_string();
+        eprintln!(
+            "control plane {server} up in {:?} ({})",
+            started.elapsed(),
+            dir.display()
+        );
+        Self {
+            kubeconfig: dir.join("kubeconfig"),
+            dir,
+            server,
+        }
+    }
+
+    /// Stops it now and waits until its processes are gone.
+    pub fn stop(&self) {
+        let pids = self.pids();
+        let status = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(&self.dir)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        for pid in pids {
+            assert!(!alive(pid), "process {pid} still running after stop");
+        }
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.dir.join("pids"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Runs kubectl against this control plane and returns stdout; panics on failure.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.kubectl_output(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn kubectl_output(&self, args: &[&str]) -> std::process::Output {
+        Command::new(kubectl())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    /// A kube-rs client for this control plane.
+    pub async fn client(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        Client::try_from(config).unwrap()
+    }
+
+    /// A fresh namespace for one test.
+    pub async fn namespace(&self, client: &Client, prefix: &str) -> String {
+        let api: Api<Namespace> = Api::all(client.clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{prefix}-")),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        let created = api.create(&PostParams::default(), &ns).await.unwrap();
+        created.metadata.name.unwrap()
+    }
+
+    /// True once every CRD rayshift needs is established.
+    pub async fn crds_established(&self, client: &Client) -> bool {
+        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let names: Vec<String> = api
+                .list(&Default::default())
+                .await
+                .map(|l| l.items.into_iter().filter_map(|c| c.metadata.name).collect())
+                .unwrap_or_default();
+            if [
+                "rayservices.ray.io",
+                "rayclusters.ray.io",
+                "httproutes.gateway.networking.k8s.io",
+            ]
+            .iter()
+            .all(|n| names.iter().any(|m| m == n))
+            {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// kubectl: the machine's, or the one the control-plane script built.
+pub fn kubectl() -> PathBuf {
+    let out = Command::new("bash").arg(script()).arg("bin").output().unwrap();
+    let built = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubectl");
+    if built.exists() {
+        built
+    } else {
+        PathBuf::from("kubectl")
+    }
+}
+
+pub fn alive(pid: u32) -> bool {
+    // Zombies count as gone: /proc/<pid>/stat state 'Z'.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
