@@ -270,3 +270,41 @@ fn operator_defaults_fill_missing_options() {
     );
     assert_eq!(patch[0]["value"], 10);
 }
+
+#[test]
+fn default_flags_override_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    fs::write(
+        &config,
+        "clusterUpgradeOptions:\n  stepSizePercent: 10\n  maxSurgePercent: 40\n",
+    )
+    .unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validate/step-size-missing.yaml");
+    let out = rayshift(&[
+        "validate",
+        "-f",
+        fixture.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--default-step-size-percent",
+        "4",
+        "--feature-gates",
+        "RayServiceIncrementalUpgrade=true",
+        "-o",
+        "json",
+    ]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json[0]["patch"][0]["value"], 4, "{json}");
+    // Defaults that could never finish an upgrade are refused up front.
+    let out = rayshift(&[
+        "validate",
+        "-f",
+        fixture.to_str().unwrap(),
+        "--default-step-size-percent",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stepSizePercent"));
+}

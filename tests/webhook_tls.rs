@@ -670,3 +670,65 @@ async fn slow_requests_time_out_with_408() {
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(started.elapsed() < Duration::from_secs(3));
 }
+
+/// `# key: value` header of a rule fixture.
+fn fixture_header(path: &std::path::Path, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let prefix = format!("# {key}: ");
+    text.lines()
+        .take_while(|l| l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+}
+
+/// Every rule fixture, sent as the apiserver would (mutating first, then validating), gets over TLS the
+/// verdict and fields the fixture states: one webhook per feature-gate set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_fixture_gets_its_verdict_over_tls() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validate");
+    let mut by_gates: std::collections::BTreeMap<String, Vec<std::path::PathBuf>> = Default::default();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let gates = fixture_header(&path, "gates").unwrap_or_default();
+        by_gates.entry(gates).or_default().push(path);
+    }
+    let mut checked = 0;
+    for (gates, files) in by_gates {
+        let s = setup(&[&format!("--feature-gates={gates}")]);
+        for path in files {
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            let mut object = documents::parse_stream(&std::fs::read_to_string(&path).unwrap())
+                .unwrap()
+                .remove(0);
+            let mutated = s
+                .review(MUTATE, &admission_review("CREATE", Some(&object), None))
+                .await;
+            if let Some(patch) = mutated["patch"].as_str() {
+                let bytes = base64::engine::general_purpose::STANDARD.decode(patch).unwrap();
+                json_patch_ops::apply(&mut object, &serde_json::from_slice(&bytes).unwrap());
+            }
+            let resp = s
+                .review(VALIDATE, &admission_review("CREATE", Some(&object), None))
+                .await;
+            let expect_allowed = fixture_header(&path, "expect").unwrap() == "allowed";
+            assert_eq!(resp["allowed"], expect_allowed, "{name}: {resp}");
+            if let Some(fields) = fixture_header(&path, "field") {
+                let causes = resp["status"]["details"]["causes"].as_array().unwrap();
+                for field in fields.split(',') {
+                    assert!(
+                        causes.iter().any(|c| c["field"] == field),
+                        "{name}: no cause on {field}: {causes:?}"
+                    );
+                }
+            }
+            if let Some(warning) = fixture_header(&path, "warning") {
+                let warnings = resp["warnings"].as_array().cloned().unwrap_or_default();
+                assert!(
+                    warnings.iter().any(|w| w.as_str().unwrap().contains(&warning)),
+                    "{name}: {warnings:?}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 70, "{checked}");
+}

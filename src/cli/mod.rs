@@ -92,21 +92,47 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
     }
 }
 
-/// Options shared by commands that apply operator defaults.
+/// Operator-wide defaults for `clusterUpgradeOptions`: flags override the config file; what a user
+/// writes in a RayService overrides both.
 #[derive(Debug, clap::Args)]
 pub struct DefaultsArgs {
     /// Operator config file (YAML) with `clusterUpgradeOptions` defaults.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "RAYSHIFT_CONFIG")]
     config: Option<PathBuf>,
+    /// Default maxSurgePercent (built-in default: 100).
+    #[arg(long, value_name = "PERCENT")]
+    default_max_surge_percent: Option<i32>,
+    /// Default stepSizePercent.
+    #[arg(long, value_name = "PERCENT")]
+    default_step_size_percent: Option<i32>,
+    /// Default intervalSeconds.
+    #[arg(long, value_name = "SECONDS")]
+    default_interval_seconds: Option<i32>,
+    /// Default gatewayClassName.
+    #[arg(long, value_name = "NAME")]
+    default_gateway_class_name: Option<String>,
 }
 
 impl DefaultsArgs {
     fn load(&self) -> Result<UpgradeDefaults, CliError> {
-        let Some(path) = &self.config else {
-            return Ok(UpgradeDefaults::default());
+        let mut defaults = match &self.config {
+            Some(path) => OperatorConfig::from_yaml(&read(path)?)?.cluster_upgrade_options,
+            None => UpgradeDefaults::default(),
         };
-        let text = read(path)?;
-        Ok(OperatorConfig::from_yaml(&text)?.cluster_upgrade_options)
+        if let Some(v) = self.default_max_surge_percent {
+            defaults.max_surge_percent = Some(v);
+        }
+        if let Some(v) = self.default_step_size_percent {
+            defaults.step_size_percent = Some(v);
+        }
+        if let Some(v) = self.default_interval_seconds {
+            defaults.interval_seconds = Some(v);
+        }
+        if let Some(v) = &self.default_gateway_class_name {
+            defaults.gateway_class_name = Some(v.clone());
+        }
+        defaults.check()?;
+        Ok(defaults)
     }
 }
 

@@ -97,6 +97,7 @@ install() {
 }
 
 free_port() {
+  command -v python3 >/dev/null 2>&1 || apt_install python3
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 

@@ -73,11 +73,12 @@ impl WebhookProcess {
             .arg(dir.join("tls.crt"))
             .arg("--tls-key-file")
             .arg(dir.join("tls.key"))
-            .args([
-                "--cert-reload-interval-seconds",
-                "1",
-                "--feature-gates=RayServiceIncrementalUpgrade=true",
-            ])
+            .args(["--cert-reload-interval-seconds", "1"])
+            .args(if extra.iter().any(|a| a.starts_with("--feature-gates")) {
+                &[][..]
+            } else {
+                &["--feature-gates=RayServiceIncrementalUpgrade=true"][..]
+            })
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
