@@ -2,11 +2,14 @@
 //!
 //! Nothing in this crate performs I/O; the webhook and the controller call into it.
 
+pub mod cluster_spec;
+pub mod conditions;
 pub mod crd;
 pub mod defaulting;
 pub mod documents;
 pub mod error;
 pub mod feature_gates;
+pub mod lifecycle;
 pub mod quantity;
 pub mod raycluster;
 pub mod rayservice;

@@ -1,0 +1,176 @@
+//! Change detection for `rayClusterConfig`: which changes need a new cluster and which can be applied in
+//! place.
+//!
+//! Like KubeRay, replica counts (and `workersToDelete`, tolerations, scheduling gates, `suspend`,
+//! `upgradeStrategy`) never force a new cluster: the autoscaler and schedulers own them. Unlike KubeRay, a
+//! change to min/max replicas is still applied in place (KubeRay drops it, reference 9.13). The digest is
+//! rayshift's own (SHA-256 of canonical JSON), not KubeRay's Go-JSON SHA-1, so adoption of KubeRay's
+//! clusters goes through an explicit rule (see the controller).
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::raycluster::RayClusterSpec;
+
+/// Annotation with the digest of the spec a cluster was built from.
+pub const SPEC_HASH_ANNOTATION: &str = "rayshift.io/spec-hash";
+/// Annotation with the digest including min/max replicas (in-place scaling changes).
+pub const SCALE_HASH_ANNOTATION: &str = "rayshift.io/scale-hash";
+/// KubeRay's count of worker groups, used to recognise groups appended at the end.
+pub const NUM_WORKER_GROUPS_ANNOTATION: &str = "ray.io/num-worker-groups";
+
+/// The digests of one cluster spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecDigests {
+    /// Changes here need a new cluster (NewCluster) or an in-place rebuild (None).
+    pub spec: String,
+    /// Also covers min/max replicas: changes here alone are applied in place.
+    pub scale: String,
+    /// `prefixes[k]`: the spec digest of the spec cut to its first `k` worker groups.
+    pub prefixes: Vec<String>,
+}
+
+impl SpecDigests {
+    pub fn of(spec: &RayClusterSpec) -> Self {
+        let value = serde_json::to_value(spec).expect("cluster specs serialize");
+        let groups = value
+            .get("workerGroupSpecs")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        let prefixes = (0..=groups)
+            .map(|k| digest(&without_scaling(&truncated(&value, k), true)))
+            .collect();
+        Self {
+            spec: digest(&without_scaling(&value, true)),
+            scale: digest(&without_scaling(&value, false)),
+            prefixes,
+        }
+    }
+
+    /// The goal only appends worker groups to a cluster built from `(spec digest, group count)`.
+    pub fn only_appends_to(&self, cluster_spec: &str, cluster_groups: usize) -> bool {
+        cluster_groups + 1 < self.prefixes.len()
+            && self
+                .prefixes
+                .get(cluster_groups)
+                .is_some_and(|p| p == cluster_spec)
+    }
+}
+
+fn truncated(spec: &Value, groups: usize) -> Value {
+    let mut spec = spec.clone();
+    if let Some(list) = spec.get_mut("workerGroupSpecs").and_then(Value::as_array_mut) {
+        list.truncate(groups);
+    }
+    spec
+}
+
+/// Drops what never forces a new cluster; with `replicas_bounds`, min/max replicas too.
+fn without_scaling(spec: &Value, replicas_bounds: bool) -> Value {
+    let mut spec = spec.clone();
+    if let Some(obj) = spec.as_object_mut() {
+        for key in ["suspend", "upgradeStrategy"] {
+            obj.remove(key);
+        }
+    }
+    if let Some(template) = spec
+        .pointer_mut("/headGroupSpec/template/spec")
+        .and_then(Value::as_object_mut)
+    {
+        template.remove("tolerations");
+        template.remove("schedulingGates");
+    }
+    if let Some(groups) = spec.get_mut("workerGroupSpecs").and_then(Value::as_array_mut) {
+        for group in groups.iter_mut().filter_map(Value::as_object_mut) {
+            group.remove("replicas");
+            if replicas_bounds {
+                group.remove("minReplicas");
+                group.remove("maxReplicas");
+            }
+            if let Some(Value::Object(strategy)) = group.get_mut("scaleStrategy") {
+                strategy.remove("workersToDelete");
+                if strategy.is_empty() {
+                    group.remove("scaleStrategy");
+                }
+            }
+            if let Some(t) = group
+                .get_mut("template")
+                .and_then(|t| t.get_mut("spec"))
+                .and_then(Value::as_object_mut)
+            {
+                t.remove("tolerations");
+                t.remove("schedulingGates");
+            }
+        }
+    }
+    spec
+}
+
+/// SHA-256 of canonical JSON (object keys sorted: serde_json's map is ordered), as 32 hex digits.
+fn digest(v: &Value) -> String {
+    let bytes = serde_json::to_vec(v).expect("JSON values serialize");
+    let sum = Sha256::digest(&bytes);
+    sum.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn spec(v: Value) -> RayClusterSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn base() -> Value {
+        json!({
+            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "ray:1"}]}}},
+            "workerGroupSpecs": [{"groupName": "g", "replicas": 1, "minReplicas": 1, "maxReplicas": 4,
+                                  "template": {"spec": {"containers": [{"name": "w", "image": "ray:1"}]}}}]
+        })
+    }
+
+    #[test]
+    fn replicas_never_force_a_new_cluster() {
+        let a = SpecDigests::of(&spec(base()));
+        let mut v = base();
+        v["workerGroupSpecs"][0]["replicas"] = json!(3);
+        v["workerGroupSpecs"][0]["scaleStrategy"] = json!({"workersToDelete": ["x"]});
+        v["suspend"] = json!(true);
+        let b = SpecDigests::of(&spec(v));
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn min_max_change_only_the_scale_digest() {
+        let a = SpecDigests::of(&spec(base()));
+        let mut v = base();
+        v["workerGroupSpecs"][0]["maxReplicas"] = json!(8);
+        let b = SpecDigests::of(&spec(v));
+        assert_eq!(a.spec, b.spec);
+        assert_ne!(a.scale, b.scale);
+    }
+
+    #[test]
+    fn image_change_needs_a_new_cluster() {
+        let a = SpecDigests::of(&spec(base()));
+        let mut v = base();
+        v["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = json!("ray:2");
+        assert_ne!(a.spec, SpecDigests::of(&spec(v)).spec);
+    }
+
+    #[test]
+    fn appended_worker_groups_are_recognised() {
+        let a = SpecDigests::of(&spec(base()));
+        let mut v = base();
+        let mut extra = v["workerGroupSpecs"][0].clone();
+        extra["groupName"] = json!("g2");
+        v["workerGroupSpecs"].as_array_mut().unwrap().push(extra);
+        let b = SpecDigests::of(&spec(v));
+        assert_ne!(a.spec, b.spec);
+        assert!(b.only_appends_to(&a.spec, 1));
+        assert!(!a.only_appends_to(&a.spec, 1), "equal is not an append");
+        assert!(!b.only_appends_to("other", 1));
+    }
+}

@@ -1,0 +1,191 @@
+//! Which RayCluster is active, which is being prepared, and what to create, update or delete: the pure
+//! decisions behind the `None` and `NewCluster` strategies (the incremental strategy adds capacity and
+//! traffic steps from [`crate::upgrade`] on top of the same cluster lifecycle).
+//!
+//! The controller observes, calls [`decide`], and applies the result. Deletion times are part of the
+//! observed state (an annotation on the cluster), so they survive a controller restart (KubeRay keeps
+//! them in memory, reference 9.14).
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::{cluster_spec::SpecDigests, rayservice::UpgradeType};
+
+/// Annotation holding the time after which an unused cluster is deleted.
+pub const DELETE_AFTER_ANNOTATION: &str = "rayshift.io/delete-after";
+
+/// One RayCluster of the RayService, as observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterFacts {
+    pub name: String,
+    /// Digest annotation (`None`: not built by rayshift, or adopted without one).
+    pub spec_digest: Option<String>,
+    pub scale_digest: Option<String>,
+    pub worker_groups: usize,
+    pub delete_after: Option<Timestamp>,
+    /// Head is up (RayCluster status and the Ray container itself) and every Serve app is RUNNING.
+    pub serving_ready: bool,
+}
+
+/// Everything [`decide`] looks at.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    pub strategy: UpgradeType,
+    pub goal: SpecDigests,
+    /// Names recorded in status.
+    pub active: Option<String>,
+    pub pending: Option<String>,
+    /// Every RayCluster labelled as belonging to this RayService.
+    pub clusters: Vec<ClusterFacts>,
+    pub deletion_delay: SignedDuration,
+    pub now: Timestamp,
+    /// A fresh cluster name, in case one is needed.
+    pub new_name: String,
+}
+
+/// A change to one RayCluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterAction {
+    /// Create the cluster from the current spec.
+    Create { name: String },
+    /// Rebuild the cluster's spec from the current one, in place.
+    UpdateSpec { name: String },
+    /// Apply min/max replica changes in place (replicas stay with the autoscaler).
+    UpdateScale { name: String },
+    /// Mark an unused cluster for deletion at `at`.
+    ScheduleDeletion { name: String, at: Timestamp },
+    /// Delete an unused cluster whose time has come.
+    Delete { name: String },
+}
+
+/// What to do this pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub active: Option<String>,
+    pub pending: Option<String>,
+    pub actions: Vec<ClusterAction>,
+    /// The cluster the head and serve Services should select; `None`: leave them alone.
+    pub serve_target: Option<String>,
+    /// Clusters that should run the spec's Serve config (never an old cluster mid-upgrade).
+    pub config_targets: Vec<String>,
+    /// The pending cluster became active this pass.
+    pub promoted: Option<String>,
+    /// The pending cluster was replaced because the spec changed again.
+    pub replaced_pending: Option<String>,
+    /// When something is due without any event (a deletion).
+    pub wake_at: Option<Timestamp>,
+}
+
+impl Decision {
+    pub fn upgrading(&self) -> bool {
+        self.active.is_some() && self.pending.is_some()
+    }
+}
+
+impl Facts {
+    fn cluster(&self, name: &str) -> Option<&ClusterFacts> {
+        self.clusters.iter().find(|c| c.name == name)
+    }
+
+    fn matches_goal(&self, c: &ClusterFacts) -> bool {
+        c.spec_digest.as_deref() == Some(self.goal.spec.as_str())
+    }
+
+    fn appended_only(&self, c: &ClusterFacts) -> bool {
+        c.spec_digest
+            .as_deref()
+            .is_some_and(|d| self.goal.only_appends_to(d, c.worker_groups))
+    }
+}
+
+/// Decides one pass of the cluster lifecycle.
+pub fn decide(f: &Facts) -> Decision {
+    let mut d = Decision {
+        active: f.active.clone().filter(|a| f.cluster(a).is_some()),
+        pending: f.pending.clone(),
+        actions: Vec::new(),
+        serve_target: None,
+        config_targets: Vec::new(),
+        promoted: None,
+        replaced_pending: None,
+        wake_at: None,
+    };
+    let builds_new_clusters = f.strategy != UpgradeType::None;
+
+    // A pending cluster from an older spec is replaced (the spec changed again mid-upgrade).
+    if let Some(p) = d.pending.clone().and_then(|p| f.cluster(&p).cloned()) {
+        if !f.matches_goal(&p) && !f.appended_only(&p) {
+            d.replaced_pending = Some(p.name.clone());
+            d.pending = Some(f.new_name.clone());
+        }
+    }
+    match (d.active.clone(), d.pending.clone()) {
+        (None, None) => d.pending = Some(f.new_name.clone()),
+        (Some(a), None) => {
+            let c = f.cluster(&a).expect("active exists");
+            if !f.matches_goal(c) {
+                if f.appended_only(c) || !builds_new_clusters {
+                    d.actions.push(ClusterAction::UpdateSpec { name: a.clone() });
+                } else {
+                    d.pending = Some(f.new_name.clone());
+                }
+            } else if c.scale_digest.as_deref() != Some(f.goal.scale.as_str()) {
+                d.actions.push(ClusterAction::UpdateScale { name: a.clone() });
+            }
+        }
+        _ => {}
+    }
+    if let Some(p) = d.pending.clone() {
+        match f.cluster(&p) {
+            None => d.actions.push(ClusterAction::Create { name: p }),
+            Some(c) if f.appended_only(c) => d.actions.push(ClusterAction::UpdateSpec { name: p }),
+            Some(c) if c.scale_digest.as_deref() != Some(f.goal.scale.as_str()) && f.matches_goal(c) => {
+                d.actions.push(ClusterAction::UpdateScale { name: p })
+            }
+            Some(_) => {}
+        }
+    }
+
+    // Promotion: a pending cluster whose apps all run takes the Services over.
+    let pending_ready = d
+        .pending
+        .as_deref()
+        .and_then(|p| f.cluster(p))
+        .is_some_and(|c| c.serving_ready);
+    if pending_ready {
+        d.promoted = d.pending.take();
+        d.active = d.promoted.clone();
+    }
+    d.serve_target = d.active.clone();
+    d.config_targets = match (&d.active, &d.pending) {
+        (_, Some(p)) => vec![p.clone()],
+        (Some(a), None) => vec![a.clone()],
+        (None, None) => Vec::new(),
+    };
+
+    // Everything else is unused: delete it after the delay, never the cluster that serves.
+    for c in &f.clusters {
+        if Some(&c.name) == d.active.as_ref() || Some(&c.name) == d.pending.as_ref() {
+            continue;
+        }
+        match c.delete_after {
+            None => {
+                let at = f.now.checked_add(f.deletion_delay).unwrap_or(f.now);
+                d.actions.push(ClusterAction::ScheduleDeletion {
+                    name: c.name.clone(),
+                    at,
+                });
+                d.wake_at = earliest(d.wake_at, at);
+            }
+            Some(at) if at <= f.now => d.actions.push(ClusterAction::Delete { name: c.name.clone() }),
+            Some(at) => d.wake_at = earliest(d.wake_at, at),
+        }
+    }
+    d
+}
+
+fn earliest(a: Option<Timestamp>, b: Timestamp) -> Option<Timestamp> {
+    Some(a.map_or(b, |a| a.min(b)))
+}
+
+#[cfg(test)]
+mod tests;
