@@ -1,1 +1,79 @@
-//! RayService controller (kube-runtime). Observes, asks the pure planner in `rayshift-api`, applies.
+//! rayshift's RayService controller (kube-runtime): observe → plan (pure, in `rayshift-api`) → apply.
+
+pub mod children;
+pub mod dashboard;
+pub mod error;
+pub mod metrics;
+pub mod reconcile;
+
+use std::{sync::Arc, time::Duration};
+
+pub use error::{Error, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{
+    Api, Client, ResourceExt,
+    runtime::{
+        Controller, WatchStreamExt,
+        reflector::{self, ObjectRef},
+        watcher,
+    },
+};
+use rayshift_api::{RayCluster, RayService};
+use tokio::sync::watch as signal;
+
+pub use crate::reconcile::{Context, ControllerOptions};
+
+/// Runs the controller until `shutdown` flips to true.
+pub async fn run(
+    client: Client,
+    options: ControllerOptions,
+    dashboard_route: dashboard::Route,
+    dashboard_timeout: Duration,
+    registry: &prometheus::Registry,
+    mut shutdown: signal::Receiver<bool>,
+) -> Result<()> {
+    let metrics = metrics::Metrics::register(registry)?;
+    let services: Api<RayService> = Api::all(client.clone());
+    // Fail early and clearly when the CRD is missing.
+    services.list(&kube::api::ListParams::default().limit(1)).await.map_err(|e| {
+        Error::Invalid(format!("cannot list RayServices (is the ray.io/v1 RayService CRD installed?): {e}"))
+    })?;
+    let dashboard = dashboard::Dashboard::new(dashboard_route, dashboard_timeout, client.clone(), metrics.clone())?;
+    let ctx = Arc::new(Context::new(client.clone(), dashboard, options, metrics));
+
+    // Head Pods belong to RayClusters, not RayServices: map them through a cache of clusters.
+    let (clusters, writer) = reflector::store::<RayCluster>();
+    let owned = watcher::Config::default().labels("ray.io/originated-from-crd=RayService");
+    let cluster_cache = reflector::reflector(writer, watcher(Api::<RayCluster>::all(client.clone()), owned.clone()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| futures::future::ready(()));
+    let cache_task = tokio::spawn(cluster_cache);
+
+    let stop = async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    Controller::new(services, watcher::Config::default())
+        .owns(Api::<RayCluster>::all(client.clone()), owned.clone())
+        .owns(Api::<Service>::all(client.clone()), owned)
+        .watches(Api::<Pod>::all(client.clone()), watcher::Config::default().labels("ray.io/node-type"), move |pod| {
+            let cluster = pod.labels().get("ray.io/cluster").cloned();
+            let ns = pod.namespace();
+            cluster
+                .and_then(|c| clusters.get(&ObjectRef::new(&c).within(ns.as_deref().unwrap_or_default())))
+                .and_then(|c| c.owner_references().iter().find(|o| o.kind == "RayService").map(|o| o.name.clone()))
+                .map(|rs| ObjectRef::<RayService>::new(&rs).within(ns.as_deref().unwrap_or_default()))
+        })
+        .graceful_shutdown_on(stop)
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile result");
+            }
+        })
+        .await;
+    cache_task.abort();
+    tracing::info!("controller stopped");
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! Subcommands. Exit codes: 0 allowed / ok, 1 denied, 2 unreadable input or not a RayService.
 
 mod certs;
+mod controller;
 mod logging;
 mod plan;
 mod shutdown;
@@ -48,6 +49,10 @@ enum Command {
     /// Certificates for the webhook and its webhook configurations.
     #[command(subcommand)]
     Certs(certs::Command),
+    /// Run the RayService controller.
+    Controller(controller::Command),
+    /// Run the webhook and the controller in one process.
+    Run(controller::RunCommand),
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -70,6 +75,10 @@ pub enum CliError {
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     Webhook(#[from] rayshift_webhook::Error),
+    #[error(transparent)]
+    Controller(#[from] rayshift_controller::Error),
+    #[error("Kubernetes client: {0}")]
+    Kube(String),
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -89,6 +98,8 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Webhook(cmd) => webhook::run(cmd),
         Command::Certs(cmd) => certs::run(cmd),
+        Command::Controller(cmd) => controller::run(cmd),
+        Command::Run(cmd) => controller::run_all(cmd),
     }
 }
 

@@ -1,0 +1,277 @@
+//! Builders for the objects a RayService owns: its RayClusters and its head and serve Services.
+//!
+//! Pure functions from the RayService to JSON bodies for server-side apply. Labels KubeRay's RayCluster
+//! controller depends on are set exactly (`ray.io/originated-from-crd: RayService` changes how it labels and
+//! probes Pods, reference 4).
+
+use std::collections::BTreeMap;
+
+use kube::ResourceExt;
+use rayshift_api::{
+    RayService,
+    cluster_spec::{NUM_WORKER_GROUPS_ANNOTATION, SCALE_HASH_ANNOTATION, SPEC_HASH_ANNOTATION, SpecDigests},
+};
+use serde_json::{Map, Value, json};
+
+pub const ORIGINATED_FROM_CR_NAME: &str = "ray.io/originated-from-cr-name";
+pub const ORIGINATED_FROM_CRD: &str = "ray.io/originated-from-crd";
+pub const CLUSTER_LABEL: &str = "ray.io/cluster";
+pub const NODE_TYPE_LABEL: &str = "ray.io/node-type";
+pub const SERVE_LABEL: &str = "ray.io/serve";
+/// Digest of what rayshift last applied to a child, to skip writes that would change nothing.
+pub const APPLIED_ANNOTATION: &str = "rayshift.io/applied";
+
+const DEFAULT_HEAD_PORTS: &[(&str, i64)] =
+    &[("client", 10001), ("dashboard", 8265), ("gcs-server", 6379), ("metrics", 8080), ("serve", 8000)];
+const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// `<rs>-<5 random chars>`, KubeRay's alphabet (no vowels, no look-alikes).
+pub fn cluster_name(rs: &str) -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    let suffix: String = (0..5).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
+    format!("{rs}-{suffix}")
+}
+
+pub fn head_service_name(rs: &str) -> String {
+    format!("{rs}-head-svc")
+}
+
+/// The serve Service's name: the user's template name, or `<rs>-serve-svc`.
+pub fn serve_service_name(rs: &RayService) -> String {
+    rs.spec
+        .serve_service
+        .as_ref()
+        .and_then(|s| s.pointer("/metadata/name"))
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map_or_else(|| format!("{}-serve-svc", rs.name_any()), str::to_string)
+}
+
+/// Labels that tie an object to its RayService (also the list selector for its clusters).
+pub fn association_labels(rs: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (ORIGINATED_FROM_CR_NAME.to_string(), rs.to_string()),
+        (ORIGINATED_FROM_CRD.to_string(), "RayService".to_string()),
+    ])
+}
+
+pub fn cluster_selector(rs: &str) -> String {
+    association_labels(rs).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+pub fn owner_reference(rs: &RayService) -> Value {
+    json!({
+        "apiVersion": "ray.io/v1", "kind": "RayService", "name": rs.name_any(),
+        "uid": rs.metadata.uid.clone().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true
+    })
+}
+
+/// The RayCluster `name` built from the RayService's current spec.
+///
+/// `replicas_from`: worker replica counts to keep (group name to replicas), so an in-place rebuild does not
+/// fight the autoscaler; `unset_replicas`: leave worker replicas unset (a pending cluster of an incremental
+/// upgrade starts from minReplicas, as in KubeRay).
+pub fn ray_cluster(rs: &RayService, name: &str, replicas_from: Option<&BTreeMap<String, Value>>, unset_replicas: bool) -> Value {
+    let digests = SpecDigests::of(&rs.spec.ray_cluster_config);
+    let mut spec = serde_json::to_value(&rs.spec.ray_cluster_config).expect("cluster specs serialize");
+    let groups = spec.get("workerGroupSpecs").and_then(Value::as_array).map_or(0, Vec::len);
+    if let Some(list) = spec.get_mut("workerGroupSpecs").and_then(Value::as_array_mut) {
+        for group in list.iter_mut().filter_map(Value::as_object_mut) {
+            let gname = group.get("groupName").and_then(Value::as_str).unwrap_or_default().to_string();
+            if unset_replicas {
+                group.remove("replicas");
+            } else if let Some(r) = replicas_from.and_then(|m| m.get(&gname)) {
+                group.insert("replicas".into(), r.clone());
+            }
+        }
+    }
+    let mut labels = rs.labels().clone();
+    labels.extend(association_labels(&rs.name_any()));
+    let mut annotations = rs.annotations().clone();
+    annotations.insert(SPEC_HASH_ANNOTATION.into(), digests.spec);
+    annotations.insert(SCALE_HASH_ANNOTATION.into(), digests.scale);
+    annotations.insert(NUM_WORKER_GROUPS_ANNOTATION.into(), groups.to_string());
+    json!({
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": name,
+            "namespace": rs.namespace(),
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner_reference(rs)],
+        },
+        "spec": spec,
+    })
+}
+
+/// Ports of the Ray head container: `(name, port)`.
+fn head_ports(rs: &RayService) -> Vec<(String, i64)> {
+    let template = &rs.spec.ray_cluster_config.head_group_spec.template;
+    template
+        .ray_container()
+        .map(|c| c.ports().into_iter().map(|(n, p)| (n.map_or_else(|| format!("{p}-port"), str::to_string), p)).collect())
+        .unwrap_or_default()
+}
+
+/// Port named `serve` of the head container (KubeRay's default 8000).
+pub fn serve_port(rs: &RayService) -> i64 {
+    head_ports(rs).into_iter().find(|(n, _)| n == "serve").map_or(8000, |(_, p)| p)
+}
+
+/// `<rs>-head-svc`, selecting the head Pod of `cluster`.
+pub fn head_service(rs: &RayService, cluster: &str) -> Value {
+    let rs_name = rs.name_any();
+    let mut ports = head_ports(rs);
+    if ports.is_empty() {
+        ports = DEFAULT_HEAD_PORTS.iter().map(|(n, p)| (n.to_string(), *p)).collect();
+    }
+    if !ports.iter().any(|(n, _)| n == "metrics") {
+        ports.push(("metrics".into(), 8080));
+    }
+    ports.sort();
+    let head = &rs.spec.ray_cluster_config.head_group_spec;
+    let service_type = head.service_type.clone().unwrap_or_default();
+    let headless = service_type.is_empty() || service_type == "ClusterIP";
+    let mut labels = association_labels(&rs_name);
+    labels.insert(NODE_TYPE_LABEL.into(), "head".into());
+    labels.insert("ray.io/identifier".into(), format!("{rs_name}-head"));
+    let mut spec = json!({
+        "selector": {CLUSTER_LABEL: cluster, NODE_TYPE_LABEL: "head"},
+        "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p, "targetPort": p, "appProtocol": "tcp"})).collect::<Vec<_>>(),
+    });
+    if headless {
+        spec["clusterIP"] = json!("None");
+        spec["publishNotReadyAddresses"] = json!(true);
+    } else {
+        spec["type"] = json!(service_type);
+    }
+    service(rs, &head_service_name(&rs_name), labels, spec)
+}
+
+/// The serve Service, selecting the serving Pods of `cluster`; the user's `serveService` is the base.
+pub fn serve_service(rs: &RayService, cluster: &str) -> Value {
+    let rs_name = rs.name_any();
+    let template = rs.spec.serve_service.clone().unwrap_or_else(|| json!({}));
+    let mut ports: Vec<Value> = head_ports(rs)
+        .into_iter()
+        .filter(|(n, _)| n == "serve" || n.starts_with("serve-"))
+        .map(|(n, p)| json!({"name": n, "port": p, "targetPort": p}))
+        .collect();
+    // On a name clash the user's port wins (keeps appProtocol); the user's other ports are kept too.
+    if let Some(user) = template.pointer("/spec/ports").and_then(Value::as_array) {
+        ports.retain(|p| !user.iter().any(|u| u.get("name") == p.get("name")));
+        ports.extend(user.iter().cloned());
+    }
+    let mut labels: BTreeMap<String, String> = template
+        .pointer("/metadata/labels")
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
+        .unwrap_or_default();
+    labels.extend(association_labels(&rs_name));
+    labels.insert(SERVE_LABEL.into(), format!("{rs_name}-serve"));
+    let mut spec = template.get("spec").cloned().unwrap_or_else(|| json!({}));
+    spec["selector"] = json!({CLUSTER_LABEL: cluster, SERVE_LABEL: "true"});
+    spec["ports"] = Value::Array(ports);
+    let mut svc = service(rs, &serve_service_name(rs), labels, spec);
+    if let Some(annotations) = template.pointer("/metadata/annotations").filter(|a| a.is_object()) {
+        svc["metadata"]["annotations"] = annotations.clone();
+    }
+    svc
+}
+
+fn service(rs: &RayService, name: &str, labels: BTreeMap<String, String>, spec: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": rs.namespace(),
+            "labels": labels,
+            "ownerReferences": [owner_reference(rs)],
+        },
+        "spec": spec,
+    })
+}
+
+/// Adds the digest of the body as an annotation, so an unchanged child is never written again.
+pub fn stamp(mut body: Value) -> (Value, String) {
+    let digest = {
+        let text = serde_json::to_vec(&body).expect("JSON values serialize");
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in text {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    };
+    let meta = body["metadata"].as_object_mut().expect("bodies have metadata");
+    let annotations = meta.entry("annotations").or_insert_with(|| Value::Object(Map::new()));
+    annotations[APPLIED_ANNOTATION] = Value::from(digest.clone());
+    (body, digest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rs() -> RayService {
+        let mut rs: RayService = serde_json::from_value(json!({
+            "apiVersion": "ray.io/v1", "kind": "RayService",
+            "metadata": {"name": "llm", "namespace": "ns", "uid": "u1", "labels": {"team": "ml"}},
+            "spec": {
+                "serveService": {"metadata": {"name": "custom-serve"}, "spec": {"ports": [{"name": "serve", "port": 8000, "appProtocol": "http"}]}},
+                "rayClusterConfig": {
+                    "enableInTreeAutoscaling": true,
+                    "headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "ray",
+                        "ports": [{"name": "dashboard", "containerPort": 8265}, {"name": "serve", "containerPort": 8000}, {"containerPort": 9999}]}]}}},
+                    "workerGroupSpecs": [{"groupName": "g", "replicas": 2, "minReplicas": 1, "maxReplicas": 4,
+                        "template": {"spec": {"containers": [{"name": "w"}]}}, "futureField": 1}]
+                }
+            }
+        }))
+        .unwrap();
+        rs.metadata.uid = Some("u1".into());
+        rs
+    }
+
+    #[test]
+    fn cluster_keeps_every_field_and_sets_kuberay_labels() {
+        let c = ray_cluster(&rs(), "llm-bcdfg", None, false);
+        assert_eq!(c["metadata"]["labels"][ORIGINATED_FROM_CRD], "RayService");
+        assert_eq!(c["metadata"]["labels"][ORIGINATED_FROM_CR_NAME], "llm");
+        assert_eq!(c["metadata"]["labels"]["team"], "ml");
+        assert_eq!(c["metadata"]["ownerReferences"][0]["controller"], true);
+        assert_eq!(c["spec"]["workerGroupSpecs"][0]["futureField"], 1, "lossless");
+        assert_eq!(c["spec"]["workerGroupSpecs"][0]["replicas"], 2);
+        assert_eq!(c["metadata"]["annotations"][NUM_WORKER_GROUPS_ANNOTATION], "1");
+        let pending = ray_cluster(&rs(), "llm-bcdfg", None, true);
+        assert!(pending["spec"]["workerGroupSpecs"][0].get("replicas").is_none());
+        let kept = BTreeMap::from([("g".to_string(), json!(3))]);
+        assert_eq!(ray_cluster(&rs(), "x", Some(&kept), false)["spec"]["workerGroupSpecs"][0]["replicas"], 3);
+    }
+
+    #[test]
+    fn services_select_the_target_cluster() {
+        let head = head_service(&rs(), "llm-bcdfg");
+        assert_eq!(head["metadata"]["name"], "llm-head-svc");
+        assert_eq!(head["spec"]["selector"][CLUSTER_LABEL], "llm-bcdfg");
+        assert_eq!(head["spec"]["clusterIP"], "None");
+        let names: Vec<&str> = head["spec"]["ports"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+        assert_eq!(names, vec!["9999-port", "dashboard", "metrics", "serve"]);
+        let serve = serve_service(&rs(), "llm-bcdfg");
+        assert_eq!(serve["metadata"]["name"], "custom-serve");
+        assert_eq!(serve["spec"]["selector"][SERVE_LABEL], "true");
+        assert_eq!(serve["spec"]["ports"][0]["appProtocol"], "http", "the user's port wins");
+    }
+
+    #[test]
+    fn names_use_kuberay_alphabet() {
+        let n = cluster_name("llm");
+        assert_eq!(n.len(), 9);
+        assert!(n[4..].bytes().all(|b| ALPHABET.contains(&b)));
+        let (a, da) = stamp(json!({"metadata": {}, "spec": 1}));
+        let (_, db) = stamp(json!({"metadata": {}, "spec": 2}));
+        assert_ne!(da, db);
+        assert_eq!(a["metadata"]["annotations"][APPLIED_ANNOTATION], da);
+    }
+}

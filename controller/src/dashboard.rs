@@ -1,0 +1,241 @@
+//! Client of the Ray dashboard's Serve REST API (`/api/serve/applications/`).
+//!
+//! Reached directly (URL from `--dashboard-url-template`, `{cluster}` and `{namespace}` filled in; a path
+//! prefix works) or through the apiserver's service proxy (`--use-kubernetes-proxy`). Every call has a
+//! timeout and a bounded number of retries; failures are errors for the caller to surface as events and
+//! conditions, never panics.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{
+    error::{Error, Result},
+    metrics::Metrics,
+};
+
+pub const DEFAULT_URL_TEMPLATE: &str = "http://{cluster}-head-svc.{namespace}.svc.cluster.local:8265";
+const APPLICATIONS: &str = "api/serve/applications/";
+
+/// Where the dashboards are.
+#[derive(Clone, Debug)]
+pub enum Route {
+    /// `http://...{cluster}...{namespace}...`
+    Template(String),
+    /// Through the apiserver: `/api/v1/namespaces/{ns}/services/{cluster}-head-svc:dashboard/proxy/`.
+    KubernetesProxy,
+}
+
+#[derive(Clone)]
+pub struct Dashboard {
+    route: Route,
+    http: reqwest::Client,
+    kube: kube::Client,
+    attempts: u32,
+    metrics: Metrics,
+}
+
+/// Status of one Serve application, as the dashboard reports it.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct ServeApp {
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub deployments: BTreeMap<String, ServeDeployment>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct ServeDeployment {
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub target_num_replicas: Option<i64>,
+    #[serde(default)]
+    pub replicas: Vec<Replica>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct Replica {
+    #[serde(default)]
+    pub state: String,
+}
+
+impl ServeDeployment {
+    /// Replicas actually in state RUNNING (not the declared target).
+    pub fn running_replicas(&self) -> usize {
+        self.replicas.iter().filter(|r| r.state == "RUNNING").count()
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct ServeStatus {
+    #[serde(default)]
+    pub applications: BTreeMap<String, ServeApp>,
+    #[serde(default)]
+    pub target_capacity: Option<f64>,
+}
+
+impl ServeStatus {
+    /// At least one app, and every app RUNNING (KubeRay's readiness rule).
+    pub fn all_running(&self) -> bool {
+        !self.applications.is_empty() && self.applications.values().all(|a| a.status == "RUNNING")
+    }
+}
+
+impl Dashboard {
+    pub fn new(route: Route, timeout: Duration, kube: kube::Client, metrics: Metrics) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .build()
+            .map_err(|e| Error::Dashboard { url: String::new(), message: e.to_string() })?;
+        Ok(Self { route, http, kube, attempts: 3, metrics })
+    }
+
+    /// The base URL of a cluster's dashboard (template route) ending in `/`.
+    pub fn base_url(template: &str, namespace: &str, cluster: &str) -> String {
+        let url = template.replace("{cluster}", cluster).replace("{namespace}", namespace);
+        if url.ends_with('/') { url } else { format!("{url}/") }
+    }
+
+    fn where_(&self, namespace: &str, cluster: &str) -> String {
+        match &self.route {
+            Route::Template(t) => Self::base_url(t, namespace, cluster),
+            Route::KubernetesProxy => {
+                format!("/api/v1/namespaces/{namespace}/services/{cluster}-head-svc:dashboard/proxy/")
+            }
+        }
+    }
+
+    /// `GET /api/serve/applications/?api_type=declarative`.
+    pub async fn status(&self, namespace: &str, cluster: &str) -> Result<ServeStatus> {
+        let body = self.call(http::Method::GET, namespace, cluster, "?api_type=declarative", None).await?;
+        serde_json::from_slice(&body).map_err(|e| Error::Dashboard {
+            url: self.where_(namespace, cluster),
+            message: format!("unexpected Serve status JSON: {e}"),
+        })
+    }
+
+    /// `PUT /api/serve/applications/` with the whole config (declarative: apps left out are deleted).
+    pub async fn put_config(&self, namespace: &str, cluster: &str, config: &Value) -> Result<()> {
+        let body = serde_json::to_vec(config).expect("JSON values serialize");
+        self.call(http::Method::PUT, namespace, cluster, "", Some(body)).await.map(|_| ())
+    }
+
+    async fn call(
+        &self,
+        method: http::Method,
+        namespace: &str,
+        cluster: &str,
+        query: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        let url = format!("{}{APPLICATIONS}{query}", self.where_(namespace, cluster));
+        let op = if method == http::Method::GET { "get" } else { "put" };
+        let mut last = String::new();
+        for attempt in 0..self.attempts {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+            }
+            let timer = self.metrics.dashboard_latency(op);
+            let result = match &self.route {
+                Route::Template(_) => self.direct(&method, &url, body.clone()).await,
+                Route::KubernetesProxy => self.proxied(&method, &url, body.clone()).await,
+            };
+            timer.observe_duration();
+            match result {
+                Ok(bytes) => return Ok(bytes),
+                Err((retry, message)) => {
+                    self.metrics.dashboard_error(op);
+                    last = message;
+                    if !retry {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(Error::Dashboard { url, message: last })
+    }
+
+    /// Err((retryable, message)).
+    async fn direct(&self, method: &http::Method, url: &str, body: Option<Vec<u8>>) -> Result<Vec<u8>, (bool, String)> {
+        let mut req = self.http.request(method.clone(), url);
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b);
+        }
+        let resp = req.send().await.map_err(|e| (true, e.to_string()))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| (true, e.to_string()))?;
+        if status.is_success() {
+            Ok(bytes.to_vec())
+        } else {
+            let text = String::from_utf8_lossy(&bytes);
+            Err((status.is_server_error(), format!("{status}: {}", text.trim())))
+        }
+    }
+
+    async fn proxied(&self, method: &http::Method, path: &str, body: Option<Vec<u8>>) -> Result<Vec<u8>, (bool, String)> {
+        let mut req = http::Request::builder().method(method.clone()).uri(path);
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let req = req.body(body.unwrap_or_default()).map_err(|e| (false, e.to_string()))?;
+        self.kube.request_text(req).await.map(String::into_bytes).map_err(|e| (true, e.to_string()))
+    }
+}
+
+/// The dashboard's JSON config from serveConfigV2 (YAML text), with `target_capacity` when given.
+pub fn serve_config_json(text: &str, target_capacity: Option<i32>) -> Result<Value> {
+    let mut config = rayshift_api::validation::parse_serve_config(text).map_err(Error::ServeConfig)?;
+    if config.is_null() {
+        config = Value::Object(Default::default());
+    }
+    let obj = config.as_object_mut().ok_or_else(|| Error::ServeConfig("serveConfigV2 is not a mapping".into()))?;
+    match target_capacity {
+        Some(tc) => obj.insert("target_capacity".into(), Value::from(tc)),
+        None => obj.remove("target_capacity"),
+    };
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_template_with_and_without_path_prefix() {
+        assert_eq!(
+            Dashboard::base_url(DEFAULT_URL_TEMPLATE, "ns", "rs-abcde"),
+            "http://rs-abcde-head-svc.ns.svc.cluster.local:8265/"
+        );
+        assert_eq!(
+            Dashboard::base_url("http://127.0.0.1:9000/ray/{namespace}/{cluster}", "ns", "c"),
+            "http://127.0.0.1:9000/ray/ns/c/"
+        );
+    }
+
+    #[test]
+    fn serve_config_keeps_integers_and_sets_capacity() {
+        let v = serve_config_json("applications:\n  - name: a\n    import_path: m:app\n    num_replicas: 2\n", Some(20)).unwrap();
+        assert_eq!(v["applications"][0]["num_replicas"], Value::from(2));
+        assert_eq!(v["target_capacity"], Value::from(20));
+        let v = serve_config_json("target_capacity: 5\napplications: []\n", None).unwrap();
+        assert!(v.get("target_capacity").is_none());
+        assert!(serve_config_json("- a\n- b\n", None).is_err());
+    }
+
+    #[test]
+    fn readiness_needs_apps_all_running() {
+        let mut s = ServeStatus::default();
+        assert!(!s.all_running());
+        s.applications.insert("a".into(), ServeApp { status: "RUNNING".into(), ..Default::default() });
+        assert!(s.all_running());
+        s.applications.insert("b".into(), ServeApp { status: "DEPLOYING".into(), ..Default::default() });
+        assert!(!s.all_running());
+    }
+}

@@ -1,0 +1,141 @@
+//! `rayshift controller` and `rayshift run` (webhook and controller in one process).
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use prometheus::Registry;
+use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER};
+use rayshift_controller::{ControllerOptions, dashboard};
+use rayshift_webhook::server;
+
+use super::{CliError, logging::LogArgs, parse_gates, shutdown, webhook};
+
+#[derive(Debug, clap::Args)]
+pub struct ControllerArgs {
+    /// Kubeconfig file; in-cluster configuration (or KUBECONFIG) when unset.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// spec.managedBy value of the RayServices this controller owns.
+    #[arg(long, default_value = RAYSHIFT_MANAGER)]
+    managed_by: String,
+    /// Also own RayServices without managedBy (run instead of KubeRay's RayService controller).
+    #[arg(long)]
+    reconcile_unmanaged: bool,
+    /// Ray dashboard URL; {cluster} and {namespace} are filled in. A path prefix works.
+    #[arg(long, default_value = dashboard::DEFAULT_URL_TEMPLATE)]
+    dashboard_url_template: String,
+    /// Reach dashboards through the apiserver's service proxy instead.
+    #[arg(long)]
+    use_kubernetes_proxy: bool,
+    /// Timeout of one Ray dashboard request.
+    #[arg(long, default_value_t = 2.0)]
+    dashboard_timeout_seconds: f64,
+    /// Re-read Serve status this often while waiting for applications to run.
+    #[arg(long, default_value_t = 2.0)]
+    serve_poll_interval_seconds: f64,
+    /// Re-read Serve status this often when settled (writes only on change).
+    #[arg(long, default_value_t = 60.0)]
+    resync_interval_seconds: f64,
+}
+
+impl ControllerArgs {
+    fn options(&self, gates: FeatureGates) -> ControllerOptions {
+        ControllerOptions {
+            managed_by: self.managed_by.clone(),
+            reconcile_unmanaged: self.reconcile_unmanaged,
+            feature_gates: gates,
+            serve_poll_interval: Duration::from_secs_f64(self.serve_poll_interval_seconds.max(0.05)),
+            resync_interval: Duration::from_secs_f64(self.resync_interval_seconds.max(1.0)),
+            ..ControllerOptions::default()
+        }
+    }
+
+    fn route(&self) -> dashboard::Route {
+        if self.use_kubernetes_proxy {
+            dashboard::Route::KubernetesProxy
+        } else {
+            dashboard::Route::Template(self.dashboard_url_template.clone())
+        }
+    }
+
+    async fn client(&self) -> Result<Client, CliError> {
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kc = Kubeconfig::read_from(path).map_err(|e| CliError::Kube(e.to_string()))?;
+                Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(|e| CliError::Kube(e.to_string()))?
+            }
+            None => Config::infer().await.map_err(|e| CliError::Kube(e.to_string()))?,
+        };
+        Client::try_from(config).map_err(|e| CliError::Kube(e.to_string()))
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Command {
+    #[command(flatten)]
+    controller: ControllerArgs,
+    /// Feature gates, Kubernetes syntax: RayServiceIncrementalUpgrade=true.
+    #[arg(long, value_parser = parse_gates, default_value = "", env = "RAYSHIFT_FEATURE_GATES")]
+    feature_gates: FeatureGates,
+    /// Plain-HTTP address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080", env = "RAYSHIFT_METRICS_ADDR")]
+    metrics_addr: SocketAddr,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
+    cmd.log.init();
+    runtime()?.block_on(async move {
+        let registry = Registry::new();
+        let shutdown = shutdown::on_signal();
+        let client = cmd.controller.client().await?;
+        let admin = server::bind(cmd.metrics_addr, "metrics").await?;
+        let admin_task = tokio::spawn(server::serve_admin(admin, server::admin_router(registry.clone(), Arc::new(|| true)), shutdown.clone()));
+        let options = cmd.controller.options(cmd.feature_gates);
+        let timeout = Duration::from_secs_f64(cmd.controller.dashboard_timeout_seconds.max(0.1));
+        rayshift_controller::run(client, options, cmd.controller.route(), timeout, &registry, shutdown).await?;
+        admin_task.abort();
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// `rayshift run`: the webhook and the controller in one process, one metrics endpoint.
+#[derive(Debug, clap::Args)]
+pub struct RunCommand {
+    #[command(flatten)]
+    controller: ControllerArgs,
+    #[command(flatten)]
+    webhook: webhook::Args,
+    #[arg(long, default_value = "0.0.0.0:8080", env = "RAYSHIFT_METRICS_ADDR")]
+    metrics_addr: SocketAddr,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
+    cmd.log.init();
+    let webhook_options = cmd.webhook.options()?;
+    runtime()?.block_on(async move {
+        let registry = Registry::new();
+        let shutdown = shutdown::on_signal();
+        let client = cmd.controller.client().await?;
+        let hook = rayshift_webhook::Webhook::bind(webhook_options, &registry).await?;
+        let admin = server::bind(cmd.metrics_addr, "metrics").await?;
+        let admin_task = tokio::spawn(server::serve_admin(admin, server::admin_router(registry.clone(), hook.readiness()), shutdown.clone()));
+        let hook_task = tokio::spawn(hook.run(shutdown.clone()));
+        let options = cmd.controller.options(cmd.webhook.feature_gates.clone());
+        let timeout = Duration::from_secs_f64(cmd.controller.dashboard_timeout_seconds.max(0.1));
+        rayshift_controller::run(client, options, cmd.controller.route(), timeout, &registry, shutdown).await?;
+        hook_task.await.map_err(|e| CliError::Runtime(std::io::Error::other(e)))??;
+        admin_task.abort();
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(CliError::Runtime)
+}
