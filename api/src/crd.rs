@@ -10,7 +10,7 @@ use crate::{RayCluster, RayService};
 
 /// Every CRD rayshift ships, in install order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![RayService::crd(), RayCluster::crd()]
+    vec![portable(RayService::crd()), portable(RayCluster::crd())]
 }
 
 /// The Gateway API CRDs the incremental strategy needs (GatewayClass, Gateway, HTTPRoute), generated from
@@ -39,7 +39,9 @@ pub fn gateway_api() -> Vec<CustomResourceDefinition> {
 const GATEWAY_API_APPROVAL: &str = "https://github.com/kubernetes-sigs/gateway-api/pull/2466";
 
 /// Rewrites a CRD so that Kubernetes 1.20 accepts it as well as current clusters: `null` is dropped
-/// from enums (nullable already says it), CEL rules and null defaults are removed.
+/// from enums (nullable already says it), CEL rules and null defaults are removed, and strings are
+/// nullable (a 1.20 apiserver rejects `""` in a non-nullable string field, e.g. a condition's empty
+/// `message`, as "null").
 fn portable(crd: CustomResourceDefinition) -> CustomResourceDefinition {
     fn walk(node: &mut Value) {
         match node {
@@ -50,6 +52,9 @@ fn portable(crd: CustomResourceDefinition) -> CustomResourceDefinition {
                 map.remove("x-kubernetes-validations");
                 if map.get("default").is_some_and(Value::is_null) {
                     map.remove("default");
+                }
+                if map.get("type").and_then(Value::as_str) == Some("string") {
+                    map.insert("nullable".into(), Value::Bool(true));
                 }
                 map.values_mut().for_each(walk);
             }

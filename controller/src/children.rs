@@ -139,7 +139,7 @@ pub fn head_service(rs: &RayService, cluster: &str) -> Value {
     labels.insert("ray.io/identifier".into(), format!("{rs_name}-head"));
     let mut spec = json!({
         "selector": {CLUSTER_LABEL: cluster, NODE_TYPE_LABEL: "head"},
-        "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p, "targetPort": p, "appProtocol": "tcp"})).collect::<Vec<_>>(),
+        "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p, "targetPort": p, "protocol": "TCP", "appProtocol": "tcp"})).collect::<Vec<_>>(),
     });
     if headless {
         spec["clusterIP"] = json!("None");
@@ -157,7 +157,7 @@ pub fn serve_service(rs: &RayService, cluster: &str) -> Value {
     let mut ports: Vec<Value> = head_ports(rs)
         .into_iter()
         .filter(|(n, _)| n == "serve" || n.starts_with("serve-"))
-        .map(|(n, p)| json!({"name": n, "port": p, "targetPort": p}))
+        .map(|(n, p)| json!({"name": n, "port": p, "targetPort": p, "protocol": "TCP"}))
         .collect();
     // On a name clash the user's port wins (keeps appProtocol); the user's other ports are kept too.
     if let Some(user) = template.pointer("/spec/ports").and_then(Value::as_array) {
@@ -172,6 +172,10 @@ pub fn serve_service(rs: &RayService, cluster: &str) -> Value {
     labels.insert(SERVE_LABEL.into(), format!("{rs_name}-serve"));
     let mut spec = template.get("spec").cloned().unwrap_or_else(|| json!({}));
     spec["selector"] = json!({CLUSTER_LABEL: cluster, SERVE_LABEL: "true"});
+    // Server-side apply keys Service ports by (port, protocol): the protocol must be explicit.
+    for p in ports.iter_mut().filter(|p| p.get("protocol").is_none()) {
+        p["protocol"] = json!("TCP");
+    }
     spec["ports"] = Value::Array(ports);
     let mut svc = service(rs, &serve_service_name(rs), labels, spec);
     if let Some(annotations) = template.pointer("/metadata/annotations").filter(|a| a.is_object()) {

@@ -27,6 +27,7 @@ pub use crate::reconcile::{Context, ControllerOptions};
 /// Runs the controller until `shutdown` flips to true.
 pub async fn run(
     client: Client,
+    namespace: Option<String>,
     options: ControllerOptions,
     dashboard_route: dashboard::Route,
     dashboard_timeout: Duration,
@@ -34,7 +35,19 @@ pub async fn run(
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<()> {
     let metrics = metrics::Metrics::register(registry)?;
-    let services: Api<RayService> = Api::all(client.clone());
+    // One namespace, or all of them.
+    fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ns = namespace.as_deref();
+    let services: Api<RayService> = api(&client, ns);
     // Fail early and clearly when the CRD is missing.
     services.list(&kube::api::ListParams::default().limit(1)).await.map_err(|e| {
         Error::Invalid(format!("cannot list RayServices (is the ray.io/v1 RayService CRD installed?): {e}"))
@@ -45,7 +58,7 @@ pub async fn run(
     // Head Pods belong to RayClusters, not RayServices: map them through a cache of clusters.
     let (clusters, writer) = reflector::store::<RayCluster>();
     let owned = watcher::Config::default().labels("ray.io/originated-from-crd=RayService");
-    let cluster_cache = reflector::reflector(writer, watcher(Api::<RayCluster>::all(client.clone()), owned.clone()))
+    let cluster_cache = reflector::reflector(writer, watcher(api::<RayCluster>(&client, ns), owned.clone()))
         .default_backoff()
         .touched_objects()
         .for_each(|_| futures::future::ready(()));
@@ -55,9 +68,9 @@ pub async fn run(
         let _ = shutdown.wait_for(|s| *s).await;
     };
     Controller::new(services, watcher::Config::default())
-        .owns(Api::<RayCluster>::all(client.clone()), owned.clone())
-        .owns(Api::<Service>::all(client.clone()), owned)
-        .watches(Api::<Pod>::all(client.clone()), watcher::Config::default().labels("ray.io/node-type"), move |pod| {
+        .owns(api::<RayCluster>(&client, ns), owned.clone())
+        .owns(api::<Service>(&client, ns), owned)
+        .watches(api::<Pod>(&client, ns), watcher::Config::default().labels("ray.io/node-type"), move |pod| {
             let cluster = pod.labels().get("ray.io/cluster").cloned();
             let ns = pod.namespace();
             cluster

@@ -18,6 +18,9 @@ pub struct ControllerArgs {
     /// Kubeconfig file; in-cluster configuration (or KUBECONFIG) when unset.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long = "namespace", env = "RAYSHIFT_WATCH_NAMESPACE")]
+    namespace: Option<String>,
     /// spec.managedBy value of the RayServices this controller owns.
     #[arg(long, default_value = RAYSHIFT_MANAGER)]
     managed_by: String,
@@ -97,7 +100,7 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
         let admin_task = tokio::spawn(server::serve_admin(admin, server::admin_router(registry.clone(), Arc::new(|| true)), shutdown.clone()));
         let options = cmd.controller.options(cmd.feature_gates);
         let timeout = Duration::from_secs_f64(cmd.controller.dashboard_timeout_seconds.max(0.1));
-        rayshift_controller::run(client, options, cmd.controller.route(), timeout, &registry, shutdown).await?;
+        rayshift_controller::run(client, cmd.controller.namespace.clone(), options, cmd.controller.route(), timeout, &registry, shutdown).await?;
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
     })
@@ -129,7 +132,7 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
         let hook_task = tokio::spawn(hook.run(shutdown.clone()));
         let options = cmd.controller.options(cmd.webhook.feature_gates.clone());
         let timeout = Duration::from_secs_f64(cmd.controller.dashboard_timeout_seconds.max(0.1));
-        rayshift_controller::run(client, options, cmd.controller.route(), timeout, &registry, shutdown).await?;
+        rayshift_controller::run(client, cmd.controller.namespace.clone(), options, cmd.controller.route(), timeout, &registry, shutdown).await?;
         hook_task.await.map_err(|e| CliError::Runtime(std::io::Error::other(e)))??;
         admin_task.abort();
         Ok(ExitCode::SUCCESS)

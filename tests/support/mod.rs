@@ -2,4 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod controller;
+pub mod dashboard;
+pub mod kuberay;
 pub mod webhook;

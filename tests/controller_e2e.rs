@@ -1,0 +1,357 @@
+//! The controller end to end on a real kube-apiserver: a fake Ray dashboard with the real API's shapes,
+//! test code playing KubeRay's RayCluster controller, the real `rayshift controller` process.
+
+mod support;
+
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use rayshift_api::{RayCluster, RayService};
+use serde_json::{Value, json};
+use support::{
+    cluster::{ControlPlane, control_plane},
+    controller::ControllerProcess,
+    dashboard::FakeDashboard,
+    kuberay::KubeRayStandIn,
+};
+
+struct Env {
+    cp: &'static ControlPlane,
+    client: Client,
+    ns: String,
+    dashboard: FakeDashboard,
+    kuberay: KubeRayStandIn,
+    controller: ControllerProcess,
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Self {
+        Self::with(prefix, |_| {}, &[]).await
+    }
+
+    async fn with(prefix: &str, setup: impl FnOnce(&FakeDashboard), extra: &[&str]) -> Self {
+        let cp = control_plane();
+        let client = cp.client().await;
+        assert!(cp.crds_established(&client).await);
+        let ns = cp.namespace(&client, prefix).await;
+        let dashboard = FakeDashboard::start().await;
+        setup(&dashboard);
+        let kuberay = KubeRayStandIn::start(client.clone(), &ns);
+        let controller = ControllerProcess::start(cp, &ns, &dashboard.url_template(), extra);
+        Env { cp, client, ns, dashboard, kuberay, controller }
+    }
+
+    fn rayservices(&self) -> Api<RayService> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn clusters(&self) -> Api<RayCluster> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn services(&self) -> Api<Service> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn create(&self, rs: Value) -> RayService {
+        let rs: RayService = serde_json::from_value(rs).unwrap();
+        self.rayservices().create(&PostParams::default(), &rs).await.unwrap()
+    }
+
+    async fn get(&self, name: &str) -> RayService {
+        self.rayservices().get(name).await.unwrap()
+    }
+
+    /// Polls `check` until it returns Some, or fails with the controller's logs.
+    async fn eventually<T, F, Fut>(&self, what: &str, secs: u64, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            if Instant::now() > deadline {
+                let logs = self.controller.logs();
+                let tail: Vec<&str> = logs.lines().rev().take(25).collect::<Vec<_>>().into_iter().rev().collect();
+                panic!("timed out waiting for {what}\n--- controller logs (last 25 lines) ---\n{}", tail.join("\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn ready(&self, name: &str) -> RayService {
+        self.eventually(&format!("{name} Ready"), 60, || async {
+            let rs = self.get(name).await;
+            let ready = condition(&rs, "Ready").is_some_and(|c| c.0 == "True");
+            ready.then_some(rs)
+        })
+        .await
+    }
+
+    async fn serve_selector(&self, name: &str) -> Option<String> {
+        let svc = self.services().get_opt(&format!("{name}-serve-svc")).await.unwrap()?;
+        svc.spec?.selector?.get("ray.io/cluster").cloned()
+    }
+
+    async fn events(&self) -> Vec<(String, String)> {
+        let out = self.cp.kubectl(&["get", "events.events.k8s.io", "-n", &self.ns, "-o", "json"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["reason"].as_str().unwrap_or_default().to_string(), e["note"].as_str().unwrap_or_default().to_string()))
+            .collect()
+    }
+}
+
+/// (status, reason) of a condition.
+fn condition(rs: &RayService, type_: &str) -> Option<(String, String)> {
+    rs.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+fn active(rs: &RayService) -> Option<String> {
+    rs.status.as_ref()?.active_service_status.as_ref()?.ray_cluster_name.clone()
+}
+
+fn pending(rs: &RayService) -> Option<String> {
+    rs.status.as_ref()?.pending_service_status.as_ref()?.ray_cluster_name.clone()
+}
+
+fn rayservice(name: &str, strategy: Option<&str>, image: &str) -> Value {
+    let mut spec = json!({
+        "managedBy": "rayshift.io/controller",
+        "rayClusterDeletionDelaySeconds": 3,
+        "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n    deployments:\n      - name: LLM\n        num_replicas: 2\n",
+        "rayClusterConfig": {
+            "rayVersion": "2.46.0",
+            "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [{"name": "ray-head", "image": image,
+                "ports": [{"name": "dashboard", "containerPort": 8265}, {"name": "serve", "containerPort": 8000}]}]}}},
+            "workerGroupSpecs": [{"groupName": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 2,
+                "template": {"spec": {"containers": [{"name": "ray-worker", "image": image}]}}, "someFutureField": {"keep": true}}]
+        }
+    });
+    if let Some(s) = strategy {
+        spec["upgradeStrategy"] = json!({"type": s});
+    }
+    json!({"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": name, "labels": {"team": "ml"}}, "spec": spec})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_deployment_becomes_ready() {
+    let env = Env::new("first").await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    let rs = env.ready("llm").await;
+    let active = active(&rs).expect("an active cluster");
+    assert_eq!(pending(&rs), None);
+    assert_eq!(condition(&rs, "UpgradeInProgress"), Some(("False".into(), "NoPendingCluster".into())));
+    let status = rs.status.as_ref().unwrap();
+    assert_eq!(status.service_status.as_deref(), Some("Running"));
+    assert_eq!(status.num_serve_endpoints, Some(1));
+    assert_eq!(status.observed_generation, rs.metadata.generation);
+    let apps = status.active_service_status.as_ref().unwrap().application_statuses.as_ref().unwrap();
+    assert_eq!(apps["llm"].status.as_deref(), Some("RUNNING"));
+
+    // The cluster: KubeRay's labels, owned by the RayService, every field the user wrote.
+    let cluster = env.clusters().get(&active).await.unwrap();
+    assert_eq!(cluster.labels()["ray.io/originated-from-crd"], "RayService");
+    assert_eq!(cluster.labels()["ray.io/originated-from-cr-name"], "llm");
+    assert_eq!(cluster.labels()["team"], "ml");
+    assert_eq!(cluster.owner_references()[0].kind, "RayService");
+    assert_eq!(cluster.spec.worker_groups()[0].extra["someFutureField"], json!({"keep": true}));
+    // Services select it; the dashboard got the config once.
+    assert_eq!(env.serve_selector("llm").await.as_deref(), Some(active.as_str()));
+    let head = env.services().get("llm-head-svc").await.unwrap();
+    assert_eq!(head.spec.unwrap().selector.unwrap()["ray.io/cluster"], active);
+    let dash = env.dashboard.get(&env.ns, &active);
+    assert_eq!(dash.puts.len(), 1);
+    assert_eq!(dash.puts[0]["applications"][0]["deployments"][0]["num_replicas"], 2);
+    let events = env.events().await;
+    assert!(events.iter().any(|(r, _)| r == "CreatedRayCluster"), "{events:?}");
+    assert!(events.iter().any(|(r, _)| r == "UpdatedServeApplications"), "{events:?}");
+    // `kubectl describe` shows readable conditions and events.
+    let described = env.cp.kubectl(&["describe", "rayservice", "llm", "-n", &env.ns]);
+    assert!(described.contains("NonZeroServeEndpoints"), "{described}");
+    assert!(described.contains("Created RayCluster"), "{described}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_cluster_upgrade_switches_only_to_a_ready_cluster_and_deletes_the_old_one_after_the_delay() {
+    let env = Env::new("bluegreen").await;
+    env.create(rayservice("llm", Some("NewCluster"), "ray:1")).await;
+    let old = active(&env.ready("llm").await).unwrap();
+
+    // New clusters' apps stay DEPLOYING until the test releases them.
+    env.dashboard.new_clusters.lock().unwrap().app_status = Some("DEPLOYING".into());
+    let patch = json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [
+        {"name": "ray-head", "image": "ray:2", "ports": [{"name": "dashboard", "containerPort": 8265}, {"name": "serve", "containerPort": 8000}]}]}}}}}});
+    env.rayservices().patch("llm", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let new = env
+        .eventually("a pending cluster", 30, || async { pending(&env.get("llm").await) })
+        .await;
+    assert_ne!(new, old);
+    let rs = env.get("llm").await;
+    assert_eq!(condition(&rs, "UpgradeInProgress"), Some(("True".into(), "BothActivePendingClustersExist".into())));
+    // The new config reached only the new cluster; traffic stays on the old one while the new is not ready.
+    env.eventually("the new cluster's config", 20, || async { (!env.dashboard.get(&env.ns, &new).puts.is_empty()).then_some(()) }).await;
+    for _ in 0..15 {
+        assert_eq!(env.serve_selector("llm").await.as_deref(), Some(old.as_str()), "traffic moved to an unready cluster");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(env.dashboard.get(&env.ns, &old).puts.len(), 1, "the old cluster never receives the new config");
+
+    // Release: promotion, Services switch, the old cluster lives until the deletion delay.
+    env.dashboard.with(&env.ns, &new, |s| s.app_status = None);
+    env.eventually("promotion", 30, || async {
+        let rs = env.get("llm").await;
+        (active(&rs).as_deref() == Some(new.as_str()) && pending(&rs).is_none()).then_some(())
+    })
+    .await;
+    let promoted_at = Instant::now();
+    assert_eq!(env.serve_selector("llm").await.as_deref(), Some(new.as_str()));
+    assert!(env.clusters().get_opt(&old).await.unwrap().is_some(), "old cluster kept for the deletion delay");
+    env.eventually("old cluster deleted", 30, || async { env.clusters().get_opt(&old).await.unwrap().is_none().then_some(()) }).await;
+    let waited = promoted_at.elapsed();
+    assert!(waited >= Duration::from_millis(2000), "deleted after {waited:?}, before the 3 s delay");
+    let events = env.events().await;
+    assert!(events.iter().any(|(r, _)| r == "Promoted"), "{events:?}");
+    assert!(events.iter().any(|(r, n)| r == "DeletedRayCluster" && n.contains(&old)), "{events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn none_strategy_updates_the_cluster_in_place() {
+    let env = Env::new("inplace").await;
+    env.create(rayservice("llm", Some("None"), "ray:1")).await;
+    let cluster = active(&env.ready("llm").await).unwrap();
+    let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": [{"groupName": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 2,
+        "template": {"spec": {"containers": [{"name": "ray-worker", "image": "ray:2"}]}}}]}}});
+    env.rayservices().patch("llm", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    env.eventually("in-place update", 30, || async {
+        let c = env.clusters().get(&cluster).await.unwrap();
+        let image = serde_json::to_value(&c.spec.worker_groups()[0].template).unwrap()["spec"]["containers"][0]["image"].clone();
+        (image == "ray:2").then_some(())
+    })
+    .await;
+    let all = env.clusters().list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(all.len(), 1, "no new cluster with strategy None");
+    let rs = env.get("llm").await;
+    assert_eq!(active(&rs).as_deref(), Some(cluster.as_str()));
+    assert_eq!(pending(&rs), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rayservice_managed_by_another_controller_is_left_alone() {
+    let env = Env::new("foreign").await;
+    let mut rs = rayservice("kuberays", None, "ray:1");
+    rs["spec"]["managedBy"] = json!("ray.io/kuberay-operator");
+    env.create(rs).await;
+    env.create(rayservice("ours", None, "ray:1")).await;
+    env.ready("ours").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let theirs = env.get("kuberays").await;
+    assert!(theirs.status.is_none(), "no status written: {:?}", theirs.status);
+    let clusters = env.clusters().list(&ListParams::default().labels("ray.io/originated-from-cr-name=kuberays")).await.unwrap();
+    assert!(clusters.items.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_down_is_a_condition_and_an_event_then_recovers() {
+    let env = Env::with("dashdown", |d| d.new_clusters.lock().unwrap().down = true, &[]).await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    let rs = env
+        .eventually("DashboardUnreachable", 60, || async {
+            let rs = env.get("llm").await;
+            (condition(&rs, "Ready").map(|c| c.1).as_deref() == Some("DashboardUnreachable")).then_some(rs)
+        })
+        .await;
+    assert_eq!(condition(&rs, "Ready").unwrap().0, "False");
+    let events = env.events().await;
+    assert!(events.iter().any(|(r, n)| r == "DashboardUnreachable" && n.contains("503")), "{events:?}");
+    let gets = env.dashboard.clusters(&env.ns).iter().map(|c| env.dashboard.get(&env.ns, c).gets).sum::<usize>();
+    assert!(gets >= 2, "retried");
+    for c in env.dashboard.clusters(&env.ns) {
+        env.dashboard.with(&env.ns, &c, |s| s.down = false);
+    }
+    env.ready("llm").await;
+    let mut controller = env.controller;
+    assert!(controller.alive(), "no crash");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_pod_whose_ray_container_died_is_not_healthy() {
+    let env = Env::new("deadray").await;
+    env.kuberay.all_heads_broken.store(true, std::sync::atomic::Ordering::Relaxed);
+    env.create(rayservice("llm", None, "ray:1")).await;
+    let cluster = env
+        .eventually("a cluster", 30, || async { pending(&env.get("llm").await) })
+        .await;
+    // The head Pod exists and its phase is Running, but its Ray container terminated.
+    env.eventually("head pod", 30, || async {
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+        let pod = pods.get_opt(&format!("{cluster}-head")).await.unwrap()?;
+        (pod.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rs = env.get("llm").await;
+    assert_ne!(condition(&rs, "Ready").map(|c| c.0).as_deref(), Some("True"));
+    assert!(env.dashboard.get(&env.ns, &cluster).puts.is_empty(), "no dashboard call before the Ray container is up");
+    env.kuberay.all_heads_broken.store(false, std::sync::atomic::Ordering::Relaxed);
+    env.ready("llm").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_rayservice_removes_what_rayshift_created() {
+    let env = Env::new("delete").await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    env.ready("llm").await;
+    env.rayservices().delete("llm", &DeleteParams::foreground()).await.unwrap();
+    env.eventually("children garbage-collected", 60, || async {
+        let clusters = env.clusters().list(&ListParams::default()).await.unwrap().items;
+        let services = env.services().list(&ListParams::default()).await.unwrap().items;
+        (clusters.is_empty() && services.is_empty()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_state_makes_zero_api_writes() {
+    let env = Env::with("steady", |_| {}, &["--resync-interval-seconds", "3"]).await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    let rs = env.ready("llm").await;
+    let cluster = active(&rs).unwrap();
+    // Let the last status write and its echo settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let versions = || async {
+        let rs = env.get("llm").await.resource_version();
+        let c = env.clusters().get(&cluster).await.unwrap().resource_version();
+        let s1 = env.services().get("llm-serve-svc").await.unwrap().resource_version();
+        let s2 = env.services().get("llm-head-svc").await.unwrap().resource_version();
+        (rs, c, s1, s2)
+    };
+    let before = versions().await;
+    let writes_before = env.controller.counter_sum("rayshift_kubernetes_writes_total");
+    let gets_before = env.dashboard.get(&env.ns, &cluster).gets;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(versions().await, before, "an object changed in steady state");
+    assert_eq!(env.controller.counter_sum("rayshift_kubernetes_writes_total"), writes_before, "the controller wrote in steady state");
+    let gets = env.dashboard.get(&env.ns, &cluster).gets - gets_before;
+    assert!(gets >= 5, "it kept watching Serve health ({gets} reads in 30 s)");
+    assert!(gets <= 20, "no fixed 2 s polling when settled ({gets} reads in 30 s)");
+}

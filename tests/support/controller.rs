@@ -1,0 +1,70 @@
+//! Runs the real `rayshift controller` process against a test control plane, one namespace per test.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+};
+
+use super::{cluster::ControlPlane, webhook::free_port};
+
+pub struct ControllerProcess {
+    pub child: Child,
+    pub metrics_port: u16,
+    pub logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl ControllerProcess {
+    pub fn start(cp: &ControlPlane, ns: &str, dashboard_template: &str, extra: &[&str]) -> Self {
+        let metrics_port = free_port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rayshift"))
+            .arg("controller")
+            .arg("--kubeconfig")
+            .arg(&cp.kubeconfig)
+            .args(["--namespace", ns, "--dashboard-url-template", dashboard_template])
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
+            .args(["--serve-poll-interval-seconds", "0.3", "--log-format", "plain", "--log-level", "info,kube=warn,kube_client=error"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rayshift controller");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self { child, metrics_port, logs }
+    }
+
+    pub fn metrics(&self) -> String {
+        super::webhook::plain_http::text(&format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+    }
+
+    /// Sum of a counter over all its label sets.
+    pub fn counter_sum(&self, name: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

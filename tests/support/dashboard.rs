@@ -1,0 +1,151 @@
+//! A fake Ray dashboard that follows the real Serve REST API's shapes (see
+//! `../shared/reference/ray-serve-dashboard-api.md`), one per test, serving every cluster under
+//! `http://127.0.0.1:PORT/{namespace}/{cluster}/api/serve/applications/`.
+//!
+//! A PUT replaces the whole config (declarative); GET reports each app and its deployments with replicas
+//! scaled by `target_capacity` the way Serve does (round half up, at least 1 when capacity > 0). The test
+//! controls app states, holds replicas below target, or takes a dashboard down.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{Path, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use serde_json::{Value, json};
+
+#[derive(Clone, Debug, Default)]
+pub struct ClusterState {
+    /// Last config PUT (None: Serve not started).
+    pub config: Option<Value>,
+    /// Every PUT body, in order.
+    pub puts: Vec<Value>,
+    /// Forced app status (e.g. "DEPLOYING"); None: RUNNING.
+    pub app_status: Option<String>,
+    /// Answer 503 to everything.
+    pub down: bool,
+    /// Cap on RUNNING replicas per deployment (the rest are STARTING).
+    pub max_running: Option<usize>,
+    /// GET requests served.
+    pub gets: usize,
+}
+
+#[derive(Clone, Default)]
+pub struct FakeDashboard {
+    pub addr: Option<SocketAddr>,
+    state: Arc<Mutex<HashMap<(String, String), ClusterState>>>,
+    /// Template for clusters seen for the first time (e.g. apps held in DEPLOYING, dashboard down).
+    pub new_clusters: Arc<Mutex<ClusterState>>,
+}
+
+impl FakeDashboard {
+    pub async fn start() -> Self {
+        let mut dash = FakeDashboard::default();
+        let router = Router::new()
+            .route("/{ns}/{cluster}/api/serve/applications/", get(get_apps).put(put_apps))
+            .with_state(dash.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        dash.addr = Some(listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        dash
+    }
+
+    /// The `--dashboard-url-template` that points the controller here.
+    pub fn url_template(&self) -> String {
+        format!("http://{}/{{namespace}}/{{cluster}}", self.addr.unwrap())
+    }
+
+    pub fn with<R>(&self, ns: &str, cluster: &str, f: impl FnOnce(&mut ClusterState) -> R) -> R {
+        let template = self.new_clusters.lock().unwrap().clone();
+        let mut map = self.state.lock().unwrap();
+        f(map.entry((ns.to_string(), cluster.to_string())).or_insert(template))
+    }
+
+    /// Clusters this dashboard has seen in a namespace.
+    pub fn clusters(&self, ns: &str) -> Vec<String> {
+        self.state.lock().unwrap().keys().filter(|(n, _)| n == ns).map(|(_, c)| c.clone()).collect()
+    }
+
+    pub fn get(&self, ns: &str, cluster: &str) -> ClusterState {
+        self.with(ns, cluster, |s| s.clone())
+    }
+
+}
+
+/// Serve's replica count under a target capacity.
+pub fn scaled(replicas: usize, capacity: Option<f64>) -> usize {
+    match capacity {
+        None => replicas,
+        Some(c) if c <= 0.0 => 0,
+        Some(c) => ((replicas as f64 * c / 100.0) + 0.5).floor().max(1.0) as usize,
+    }
+}
+
+fn status_body(s: &ClusterState) -> Value {
+    let Some(config) = &s.config else {
+        return json!({"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": null});
+    };
+    let capacity = config.get("target_capacity").and_then(Value::as_f64);
+    let mut apps = BTreeMap::new();
+    for app in config.get("applications").and_then(Value::as_array).into_iter().flatten() {
+        let name = app.get("name").and_then(Value::as_str).unwrap_or("default").to_string();
+        let mut deployments = BTreeMap::new();
+        let declared = app.get("deployments").and_then(Value::as_array).cloned().unwrap_or_else(|| vec![json!({"name": "Default"})]);
+        for d in declared {
+            let dname = d.get("name").and_then(Value::as_str).unwrap_or("Default").to_string();
+            let num = d.get("num_replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
+            let target = scaled(num, capacity);
+            let running = s.max_running.map_or(target, |m| m.min(target));
+            let replicas: Vec<Value> = (0..target)
+                .map(|i| json!({"replica_id": format!("{dname}-{i}"), "state": if i < running { "RUNNING" } else { "STARTING" }}))
+                .collect();
+            deployments.insert(
+                dname.clone(),
+                json!({"name": dname, "status": if running == target { "HEALTHY" } else { "UPSCALING" }, "message": "",
+                       "target_num_replicas": target, "deployment_config": {"num_replicas": num}, "replicas": replicas}),
+            );
+        }
+        let status = s.app_status.clone().unwrap_or_else(|| "RUNNING".into());
+        apps.insert(name.clone(), json!({"name": name, "route_prefix": app.get("route_prefix").cloned().unwrap_or(json!("/")),
+            "status": status, "message": "", "source": "declarative", "deployments": deployments}));
+    }
+    json!({"controller_info": {"node_id": "fake"}, "proxy_location": "HeadOnly", "http_options": {"host": "0.0.0.0", "port": 8000},
+           "proxies": {}, "applications": apps, "target_capacity": capacity})
+}
+
+async fn get_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(String, String)>) -> Response {
+    let body = d.with(&ns, &cluster, |s| {
+        s.gets += 1;
+        (!s.down).then(|| status_body(s))
+    });
+    match body {
+        Some(b) => axum::Json(b).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "dashboard down").into_response(),
+    }
+}
+
+async fn put_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(String, String)>, body: Bytes) -> Response {
+    let Ok(config) = serde_json::from_slice::<Value>(&body) else {
+        return (StatusCode::BAD_REQUEST, "invalid JSON").into_response();
+    };
+    if config.get("target_capacity").and_then(Value::as_f64).is_some_and(|c| !(0.0..=100.0).contains(&c)) {
+        return (StatusCode::BAD_REQUEST, "Input should be less than or equal to 100").into_response();
+    }
+    let ok = d.with(&ns, &cluster, |s| {
+        if s.down {
+            return false;
+        }
+        s.puts.push(config.clone());
+        s.config = Some(config);
+        true
+    });
+    if ok { StatusCode::OK.into_response() } else { (StatusCode::SERVICE_UNAVAILABLE, "dashboard down").into_response() }
+}
