@@ -31,21 +31,43 @@ struct Env {
     controller: ControllerProcess,
 }
 
+/// Test code creates these before the controller starts (a RayService KubeRay used to manage).
+type Before = Box<dyn FnOnce(Client, String) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
 impl Env {
     async fn new(prefix: &str) -> Self {
         Self::with(prefix, |_| {}, &[]).await
     }
 
     async fn with(prefix: &str, setup: impl FnOnce(&FakeDashboard), extra: &[&str]) -> Self {
+        Self::full(prefix, setup, extra, None).await
+    }
+
+    async fn full(
+        prefix: &str,
+        setup: impl FnOnce(&FakeDashboard),
+        extra: &[&str],
+        before: Option<Before>,
+    ) -> Self {
         let cp = control_plane();
         let client = cp.client().await;
         assert!(cp.crds_established(&client).await);
         let ns = cp.namespace(&client, prefix).await;
         let dashboard = FakeDashboard::start().await;
         setup(&dashboard);
+        if let Some(before) = before {
+            before(client.clone(), ns.clone()).await;
+        }
         let kuberay = KubeRayStandIn::start(client.clone(), &ns);
         let controller = ControllerProcess::start(cp, &ns, &dashboard.url_template(), extra);
-        Env { cp, client, ns, dashboard, kuberay, controller }
+        Env {
+            cp,
+            client,
+            ns,
+            dashboard,
+            kuberay,
+            controller,
+        }
     }
 
     fn rayservices(&self) -> Api<RayService> {
@@ -62,7 +84,10 @@ impl Env {
 
     async fn create(&self, rs: Value) -> RayService {
         let rs: RayService = serde_json::from_value(rs).unwrap();
-        self.rayservices().create(&PostParams::default(), &rs).await.unwrap()
+        self.rayservices()
+            .create(&PostParams::default(), &rs)
+            .await
+            .unwrap()
     }
 
     async fn get(&self, name: &str) -> RayService {
@@ -82,8 +107,18 @@ impl Env {
             }
             if Instant::now() > deadline {
                 let logs = self.controller.logs();
-                let tail: Vec<&str> = logs.lines().rev().take(25).collect::<Vec<_>>().into_iter().rev().collect();
-                panic!("timed out waiting for {what}\n--- controller logs (last 25 lines) ---\n{}", tail.join("\n"));
+                let tail: Vec<&str> = logs
+                    .lines()
+                    .rev()
+                    .take(25)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                panic!(
+                    "timed out waiting for {what}\n--- controller logs (last 25 lines) ---\n{}",
+                    tail.join("\n")
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -99,18 +134,29 @@ impl Env {
     }
 
     async fn serve_selector(&self, name: &str) -> Option<String> {
-        let svc = self.services().get_opt(&format!("{name}-serve-svc")).await.unwrap()?;
+        let svc = self
+            .services()
+            .get_opt(&format!("{name}-serve-svc"))
+            .await
+            .unwrap()?;
         svc.spec?.selector?.get("ray.io/cluster").cloned()
     }
 
     async fn events(&self) -> Vec<(String, String)> {
-        let out = self.cp.kubectl(&["get", "events.events.k8s.io", "-n", &self.ns, "-o", "json"]);
+        let out = self
+            .cp
+            .kubectl(&["get", "events.events.k8s.io", "-n", &self.ns, "-o", "json"]);
         let v: Value = serde_json::from_str(&out).unwrap();
         v["items"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|e| (e["reason"].as_str().unwrap_or_default().to_string(), e["note"].as_str().unwrap_or_default().to_string()))
+            .map(|e| {
+                (
+                    e["reason"].as_str().unwrap_or_default().to_string(),
+                    e["note"].as_str().unwrap_or_default().to_string(),
+                )
+            })
             .collect()
     }
 }
@@ -127,11 +173,21 @@ fn condition(rs: &RayService, type_: &str) -> Option<(String, String)> {
 }
 
 fn active(rs: &RayService) -> Option<String> {
-    rs.status.as_ref()?.active_service_status.as_ref()?.ray_cluster_name.clone()
+    rs.status
+        .as_ref()?
+        .active_service_status
+        .as_ref()?
+        .ray_cluster_name
+        .clone()
 }
 
 fn pending(rs: &RayService) -> Option<String> {
-    rs.status.as_ref()?.pending_service_status.as_ref()?.ray_cluster_name.clone()
+    rs.status
+        .as_ref()?
+        .pending_service_status
+        .as_ref()?
+        .ray_cluster_name
+        .clone()
 }
 
 fn rayservice(name: &str, strategy: Option<&str>, image: &str) -> Value {
@@ -160,12 +216,21 @@ async fn first_deployment_becomes_ready() {
     let rs = env.ready("llm").await;
     let active = active(&rs).expect("an active cluster");
     assert_eq!(pending(&rs), None);
-    assert_eq!(condition(&rs, "UpgradeInProgress"), Some(("False".into(), "NoPendingCluster".into())));
+    assert_eq!(
+        condition(&rs, "UpgradeInProgress"),
+        Some(("False".into(), "NoPendingCluster".into()))
+    );
     let status = rs.status.as_ref().unwrap();
     assert_eq!(status.service_status.as_deref(), Some("Running"));
     assert_eq!(status.num_serve_endpoints, Some(1));
     assert_eq!(status.observed_generation, rs.metadata.generation);
-    let apps = status.active_service_status.as_ref().unwrap().application_statuses.as_ref().unwrap();
+    let apps = status
+        .active_service_status
+        .as_ref()
+        .unwrap()
+        .application_statuses
+        .as_ref()
+        .unwrap();
     assert_eq!(apps["llm"].status.as_deref(), Some("RUNNING"));
 
     // The cluster: KubeRay's labels, owned by the RayService, every field the user wrote.
@@ -174,17 +239,26 @@ async fn first_deployment_becomes_ready() {
     assert_eq!(cluster.labels()["ray.io/originated-from-cr-name"], "llm");
     assert_eq!(cluster.labels()["team"], "ml");
     assert_eq!(cluster.owner_references()[0].kind, "RayService");
-    assert_eq!(cluster.spec.worker_groups()[0].extra["someFutureField"], json!({"keep": true}));
+    assert_eq!(
+        cluster.spec.worker_groups()[0].extra["someFutureField"],
+        json!({"keep": true})
+    );
     // Services select it; the dashboard got the config once.
     assert_eq!(env.serve_selector("llm").await.as_deref(), Some(active.as_str()));
     let head = env.services().get("llm-head-svc").await.unwrap();
     assert_eq!(head.spec.unwrap().selector.unwrap()["ray.io/cluster"], active);
     let dash = env.dashboard.get(&env.ns, &active);
     assert_eq!(dash.puts.len(), 1);
-    assert_eq!(dash.puts[0]["applications"][0]["deployments"][0]["num_replicas"], 2);
+    assert_eq!(
+        dash.puts[0]["applications"][0]["deployments"][0]["num_replicas"],
+        2
+    );
     let events = env.events().await;
     assert!(events.iter().any(|(r, _)| r == "CreatedRayCluster"), "{events:?}");
-    assert!(events.iter().any(|(r, _)| r == "UpdatedServeApplications"), "{events:?}");
+    assert!(
+        events.iter().any(|(r, _)| r == "UpdatedServeApplications"),
+        "{events:?}"
+    );
     // `kubectl describe` shows readable conditions and events.
     let described = env.cp.kubectl(&["describe", "rayservice", "llm", "-n", &env.ns]);
     assert!(described.contains("NonZeroServeEndpoints"), "{described}");
@@ -201,20 +275,39 @@ async fn new_cluster_upgrade_switches_only_to_a_ready_cluster_and_deletes_the_ol
     env.dashboard.new_clusters.lock().unwrap().app_status = Some("DEPLOYING".into());
     let patch = json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [
         {"name": "ray-head", "image": "ray:2", "ports": [{"name": "dashboard", "containerPort": 8265}, {"name": "serve", "containerPort": 8000}]}]}}}}}});
-    env.rayservices().patch("llm", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    env.rayservices()
+        .patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
     let new = env
-        .eventually("a pending cluster", 30, || async { pending(&env.get("llm").await) })
+        .eventually("a pending cluster", 30, || async {
+            pending(&env.get("llm").await)
+        })
         .await;
     assert_ne!(new, old);
     let rs = env.get("llm").await;
-    assert_eq!(condition(&rs, "UpgradeInProgress"), Some(("True".into(), "BothActivePendingClustersExist".into())));
+    assert_eq!(
+        condition(&rs, "UpgradeInProgress"),
+        Some(("True".into(), "BothActivePendingClustersExist".into()))
+    );
     // The new config reached only the new cluster; traffic stays on the old one while the new is not ready.
-    env.eventually("the new cluster's config", 20, || async { (!env.dashboard.get(&env.ns, &new).puts.is_empty()).then_some(()) }).await;
+    env.eventually("the new cluster's config", 20, || async {
+        (!env.dashboard.get(&env.ns, &new).puts.is_empty()).then_some(())
+    })
+    .await;
     for _ in 0..15 {
-        assert_eq!(env.serve_selector("llm").await.as_deref(), Some(old.as_str()), "traffic moved to an unready cluster");
+        assert_eq!(
+            env.serve_selector("llm").await.as_deref(),
+            Some(old.as_str()),
+            "traffic moved to an unready cluster"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(env.dashboard.get(&env.ns, &old).puts.len(), 1, "the old cluster never receives the new config");
+    assert_eq!(
+        env.dashboard.get(&env.ns, &old).puts.len(),
+        1,
+        "the old cluster never receives the new config"
+    );
 
     // Release: promotion, Services switch, the old cluster lives until the deletion delay.
     env.dashboard.with(&env.ns, &new, |s| s.app_status = None);
@@ -225,13 +318,32 @@ async fn new_cluster_upgrade_switches_only_to_a_ready_cluster_and_deletes_the_ol
     .await;
     let promoted_at = Instant::now();
     assert_eq!(env.serve_selector("llm").await.as_deref(), Some(new.as_str()));
-    assert!(env.clusters().get_opt(&old).await.unwrap().is_some(), "old cluster kept for the deletion delay");
-    env.eventually("old cluster deleted", 30, || async { env.clusters().get_opt(&old).await.unwrap().is_none().then_some(()) }).await;
+    assert!(
+        env.clusters().get_opt(&old).await.unwrap().is_some(),
+        "old cluster kept for the deletion delay"
+    );
+    env.eventually("old cluster deleted", 30, || async {
+        env.clusters()
+            .get_opt(&old)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
     let waited = promoted_at.elapsed();
-    assert!(waited >= Duration::from_millis(2000), "deleted after {waited:?}, before the 3 s delay");
+    assert!(
+        waited >= Duration::from_millis(2000),
+        "deleted after {waited:?}, before the 3 s delay"
+    );
     let events = env.events().await;
     assert!(events.iter().any(|(r, _)| r == "Promoted"), "{events:?}");
-    assert!(events.iter().any(|(r, n)| r == "DeletedRayCluster" && n.contains(&old)), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "DeletedRayCluster" && n.contains(&old)),
+        "{events:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,10 +353,15 @@ async fn none_strategy_updates_the_cluster_in_place() {
     let cluster = active(&env.ready("llm").await).unwrap();
     let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": [{"groupName": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 2,
         "template": {"spec": {"containers": [{"name": "ray-worker", "image": "ray:2"}]}}}]}}});
-    env.rayservices().patch("llm", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    env.rayservices()
+        .patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
     env.eventually("in-place update", 30, || async {
         let c = env.clusters().get(&cluster).await.unwrap();
-        let image = serde_json::to_value(&c.spec.worker_groups()[0].template).unwrap()["spec"]["containers"][0]["image"].clone();
+        let image = serde_json::to_value(&c.spec.worker_groups()[0].template).unwrap()["spec"]["containers"]
+            [0]["image"]
+            .clone();
         (image == "ray:2").then_some(())
     })
     .await;
@@ -266,7 +383,11 @@ async fn a_rayservice_managed_by_another_controller_is_left_alone() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let theirs = env.get("kuberays").await;
     assert!(theirs.status.is_none(), "no status written: {:?}", theirs.status);
-    let clusters = env.clusters().list(&ListParams::default().labels("ray.io/originated-from-cr-name=kuberays")).await.unwrap();
+    let clusters = env
+        .clusters()
+        .list(&ListParams::default().labels("ray.io/originated-from-cr-name=kuberays"))
+        .await
+        .unwrap();
     assert!(clusters.items.is_empty());
 }
 
@@ -282,8 +403,18 @@ async fn dashboard_down_is_a_condition_and_an_event_then_recovers() {
         .await;
     assert_eq!(condition(&rs, "Ready").unwrap().0, "False");
     let events = env.events().await;
-    assert!(events.iter().any(|(r, n)| r == "DashboardUnreachable" && n.contains("503")), "{events:?}");
-    let gets = env.dashboard.clusters(&env.ns).iter().map(|c| env.dashboard.get(&env.ns, c).gets).sum::<usize>();
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "DashboardUnreachable" && n.contains("503")),
+        "{events:?}"
+    );
+    let gets = env
+        .dashboard
+        .clusters(&env.ns)
+        .iter()
+        .map(|c| env.dashboard.get(&env.ns, c).gets)
+        .sum::<usize>();
     assert!(gets >= 2, "retried");
     for c in env.dashboard.clusters(&env.ns) {
         env.dashboard.with(&env.ns, &c, |s| s.down = false);
@@ -296,7 +427,9 @@ async fn dashboard_down_is_a_condition_and_an_event_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_pod_whose_ray_container_died_is_not_healthy() {
     let env = Env::new("deadray").await;
-    env.kuberay.all_heads_broken.store(true, std::sync::atomic::Ordering::Relaxed);
+    env.kuberay
+        .all_heads_broken
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     env.create(rayservice("llm", None, "ray:1")).await;
     let cluster = env
         .eventually("a cluster", 30, || async { pending(&env.get("llm").await) })
@@ -311,8 +444,13 @@ async fn a_running_pod_whose_ray_container_died_is_not_healthy() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rs = env.get("llm").await;
     assert_ne!(condition(&rs, "Ready").map(|c| c.0).as_deref(), Some("True"));
-    assert!(env.dashboard.get(&env.ns, &cluster).puts.is_empty(), "no dashboard call before the Ray container is up");
-    env.kuberay.all_heads_broken.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        env.dashboard.get(&env.ns, &cluster).puts.is_empty(),
+        "no dashboard call before the Ray container is up"
+    );
+    env.kuberay
+        .all_heads_broken
+        .store(false, std::sync::atomic::Ordering::Relaxed);
     env.ready("llm").await;
 }
 
@@ -321,7 +459,10 @@ async fn deleting_the_rayservice_removes_what_rayshift_created() {
     let env = Env::new("delete").await;
     env.create(rayservice("llm", None, "ray:1")).await;
     env.ready("llm").await;
-    env.rayservices().delete("llm", &DeleteParams::foreground()).await.unwrap();
+    env.rayservices()
+        .delete("llm", &DeleteParams::foreground())
+        .await
+        .unwrap();
     env.eventually("children garbage-collected", 60, || async {
         let clusters = env.clusters().list(&ListParams::default()).await.unwrap().items;
         let services = env.services().list(&ListParams::default()).await.unwrap().items;
@@ -341,8 +482,18 @@ async fn steady_state_makes_zero_api_writes() {
     let versions = || async {
         let rs = env.get("llm").await.resource_version();
         let c = env.clusters().get(&cluster).await.unwrap().resource_version();
-        let s1 = env.services().get("llm-serve-svc").await.unwrap().resource_version();
-        let s2 = env.services().get("llm-head-svc").await.unwrap().resource_version();
+        let s1 = env
+            .services()
+            .get("llm-serve-svc")
+            .await
+            .unwrap()
+            .resource_version();
+        let s2 = env
+            .services()
+            .get("llm-head-svc")
+            .await
+            .unwrap()
+            .resource_version();
         (rs, c, s1, s2)
     };
     let before = versions().await;
@@ -350,8 +501,71 @@ async fn steady_state_makes_zero_api_writes() {
     let gets_before = env.dashboard.get(&env.ns, &cluster).gets;
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(versions().await, before, "an object changed in steady state");
-    assert_eq!(env.controller.counter_sum("rayshift_kubernetes_writes_total"), writes_before, "the controller wrote in steady state");
+    assert_eq!(
+        env.controller.counter_sum("rayshift_kubernetes_writes_total"),
+        writes_before,
+        "the controller wrote in steady state"
+    );
     let gets = env.dashboard.get(&env.ns, &cluster).gets - gets_before;
     assert!(gets >= 5, "it kept watching Serve health ({gets} reads in 30 s)");
-    assert!(gets <= 20, "no fixed 2 s polling when settled ({gets} reads in 30 s)");
+    assert!(
+        gets <= 20,
+        "no fixed 2 s polling when settled ({gets} reads in 30 s)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taking_over_from_kuberay_starts_no_upgrade() {
+    // KubeRay created and reconciled this RayService (status at the current generation, its own cluster,
+    // no rayshift digests); then the RayService is handed to rayshift.
+    let before: Before = Box::new(|client: Client, ns: String| {
+        Box::pin(async move {
+            let services: Api<RayService> = Api::namespaced(client.clone(), &ns);
+            let rs: RayService = serde_json::from_value(rayservice("llm", None, "ray:1")).unwrap();
+            let rs = services.create(&PostParams::default(), &rs).await.unwrap();
+            let spec = serde_json::to_value(&rs.spec.ray_cluster_config).unwrap();
+            let cluster: RayCluster = serde_json::from_value(json!({
+                "apiVersion": "ray.io/v1", "kind": "RayCluster",
+                "metadata": {"name": "llm-kuber", "labels": {"ray.io/originated-from-cr-name": "llm", "ray.io/originated-from-crd": "RayService"},
+                    "annotations": {"ray.io/hash-without-replicas-and-workers-to-delete": "SOMEGOHASH", "ray.io/num-worker-groups": "1"},
+                    "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayService", "name": "llm", "uid": rs.metadata.uid, "controller": true}]},
+                "spec": spec
+            }))
+            .unwrap();
+            Api::<RayCluster>::namespaced(client.clone(), &ns)
+                .create(&PostParams::default(), &cluster)
+                .await
+                .unwrap();
+            let status = json!({"status": {"observedGeneration": rs.metadata.generation, "serviceStatus": "Running",
+                "activeServiceStatus": {"rayClusterName": "llm-kuber"}}});
+            services
+                .patch_status("llm", &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .unwrap();
+        })
+    });
+    let env = Env::full("adopt", |_| {}, &[], Some(before)).await;
+    env.eventually("the KubeRay cluster adopted", 30, || async {
+        let c = env.clusters().get("llm-kuber").await.unwrap();
+        c.annotations()
+            .contains_key("rayshift.io/spec-hash")
+            .then_some(())
+    })
+    .await;
+    let rs = env.ready("llm").await;
+    assert_eq!(active(&rs).as_deref(), Some("llm-kuber"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rs = env.get("llm").await;
+    assert_eq!(pending(&rs), None, "no upgrade started");
+    let names: Vec<String> = env
+        .clusters()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    assert_eq!(names, vec!["llm-kuber".to_string()]);
+    assert!(env.events().await.iter().any(|(r, _)| r == "AdoptedRayCluster"));
 }

@@ -112,11 +112,12 @@ pub fn decide(f: &Facts) -> Decision {
     let builds_new_clusters = f.strategy != UpgradeType::None;
 
     // A pending cluster from an older spec is replaced (the spec changed again mid-upgrade).
-    if let Some(p) = d.pending.clone().and_then(|p| f.cluster(&p).cloned()) {
-        if !f.matches_goal(&p) && !f.appended_only(&p) {
-            d.replaced_pending = Some(p.name.clone());
-            d.pending = Some(f.new_name.clone());
-        }
+    if let Some(p) = d.pending.clone().and_then(|p| f.cluster(&p).cloned())
+        && !f.matches_goal(&p)
+        && !f.appended_only(&p)
+    {
+        d.replaced_pending = Some(p.name.clone());
+        d.pending = Some(f.new_name.clone());
     }
     match (d.active.clone(), d.pending.clone()) {
         (None, None) => d.pending = Some(f.new_name.clone()),

@@ -21,15 +21,22 @@ pub const SERVE_LABEL: &str = "ray.io/serve";
 /// Digest of what rayshift last applied to a child, to skip writes that would change nothing.
 pub const APPLIED_ANNOTATION: &str = "rayshift.io/applied";
 
-const DEFAULT_HEAD_PORTS: &[(&str, i64)] =
-    &[("client", 10001), ("dashboard", 8265), ("gcs-server", 6379), ("metrics", 8080), ("serve", 8000)];
+const DEFAULT_HEAD_PORTS: &[(&str, i64)] = &[
+    ("client", 10001),
+    ("dashboard", 8265),
+    ("gcs-server", 6379),
+    ("metrics", 8080),
+    ("serve", 8000),
+];
 const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
 /// `<rs>-<5 random chars>`, KubeRay's alphabet (no vowels, no look-alikes).
 pub fn cluster_name(rs: &str) -> String {
     use rand::Rng;
     let mut rng = rand::rng();
-    let suffix: String = (0..5).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
+    let suffix: String = (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
     format!("{rs}-{suffix}")
 }
 
@@ -57,7 +64,11 @@ pub fn association_labels(rs: &str) -> BTreeMap<String, String> {
 }
 
 pub fn cluster_selector(rs: &str) -> String {
-    association_labels(rs).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    association_labels(rs)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 pub fn owner_reference(rs: &RayService) -> Value {
@@ -72,13 +83,25 @@ pub fn owner_reference(rs: &RayService) -> Value {
 /// `replicas_from`: worker replica counts to keep (group name to replicas), so an in-place rebuild does not
 /// fight the autoscaler; `unset_replicas`: leave worker replicas unset (a pending cluster of an incremental
 /// upgrade starts from minReplicas, as in KubeRay).
-pub fn ray_cluster(rs: &RayService, name: &str, replicas_from: Option<&BTreeMap<String, Value>>, unset_replicas: bool) -> Value {
+pub fn ray_cluster(
+    rs: &RayService,
+    name: &str,
+    replicas_from: Option<&BTreeMap<String, Value>>,
+    unset_replicas: bool,
+) -> Value {
     let digests = SpecDigests::of(&rs.spec.ray_cluster_config);
     let mut spec = serde_json::to_value(&rs.spec.ray_cluster_config).expect("cluster specs serialize");
-    let groups = spec.get("workerGroupSpecs").and_then(Value::as_array).map_or(0, Vec::len);
+    let groups = spec
+        .get("workerGroupSpecs")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
     if let Some(list) = spec.get_mut("workerGroupSpecs").and_then(Value::as_array_mut) {
         for group in list.iter_mut().filter_map(Value::as_object_mut) {
-            let gname = group.get("groupName").and_then(Value::as_str).unwrap_or_default().to_string();
+            let gname = group
+                .get("groupName")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
             if unset_replicas {
                 group.remove("replicas");
             } else if let Some(r) = replicas_from.and_then(|m| m.get(&gname)) {
@@ -111,13 +134,21 @@ fn head_ports(rs: &RayService) -> Vec<(String, i64)> {
     let template = &rs.spec.ray_cluster_config.head_group_spec.template;
     template
         .ray_container()
-        .map(|c| c.ports().into_iter().map(|(n, p)| (n.map_or_else(|| format!("{p}-port"), str::to_string), p)).collect())
+        .map(|c| {
+            c.ports()
+                .into_iter()
+                .map(|(n, p)| (n.map_or_else(|| format!("{p}-port"), str::to_string), p))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// Port named `serve` of the head container (KubeRay's default 8000).
 pub fn serve_port(rs: &RayService) -> i64 {
-    head_ports(rs).into_iter().find(|(n, _)| n == "serve").map_or(8000, |(_, p)| p)
+    head_ports(rs)
+        .into_iter()
+        .find(|(n, _)| n == "serve")
+        .map_or(8000, |(_, p)| p)
 }
 
 /// `<rs>-head-svc`, selecting the head Pod of `cluster`.
@@ -125,7 +156,10 @@ pub fn head_service(rs: &RayService, cluster: &str) -> Value {
     let rs_name = rs.name_any();
     let mut ports = head_ports(rs);
     if ports.is_empty() {
-        ports = DEFAULT_HEAD_PORTS.iter().map(|(n, p)| (n.to_string(), *p)).collect();
+        ports = DEFAULT_HEAD_PORTS
+            .iter()
+            .map(|(n, p)| (n.to_string(), *p))
+            .collect();
     }
     if !ports.iter().any(|(n, _)| n == "metrics") {
         ports.push(("metrics".into(), 8080));
@@ -178,7 +212,10 @@ pub fn serve_service(rs: &RayService, cluster: &str) -> Value {
     }
     spec["ports"] = Value::Array(ports);
     let mut svc = service(rs, &serve_service_name(rs), labels, spec);
-    if let Some(annotations) = template.pointer("/metadata/annotations").filter(|a| a.is_object()) {
+    if let Some(annotations) = template
+        .pointer("/metadata/annotations")
+        .filter(|a| a.is_object())
+    {
         svc["metadata"]["annotations"] = annotations.clone();
     }
     svc
@@ -209,7 +246,9 @@ pub fn stamp(mut body: Value) -> (Value, String) {
         format!("{h:016x}")
     };
     let meta = body["metadata"].as_object_mut().expect("bodies have metadata");
-    let annotations = meta.entry("annotations").or_insert_with(|| Value::Object(Map::new()));
+    let annotations = meta
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Map::new()));
     annotations[APPLIED_ANNOTATION] = Value::from(digest.clone());
     (body, digest)
 }
@@ -251,7 +290,10 @@ mod tests {
         let pending = ray_cluster(&rs(), "llm-bcdfg", None, true);
         assert!(pending["spec"]["workerGroupSpecs"][0].get("replicas").is_none());
         let kept = BTreeMap::from([("g".to_string(), json!(3))]);
-        assert_eq!(ray_cluster(&rs(), "x", Some(&kept), false)["spec"]["workerGroupSpecs"][0]["replicas"], 3);
+        assert_eq!(
+            ray_cluster(&rs(), "x", Some(&kept), false)["spec"]["workerGroupSpecs"][0]["replicas"],
+            3
+        );
     }
 
     #[test]
@@ -260,12 +302,20 @@ mod tests {
         assert_eq!(head["metadata"]["name"], "llm-head-svc");
         assert_eq!(head["spec"]["selector"][CLUSTER_LABEL], "llm-bcdfg");
         assert_eq!(head["spec"]["clusterIP"], "None");
-        let names: Vec<&str> = head["spec"]["ports"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+        let names: Vec<&str> = head["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
         assert_eq!(names, vec!["9999-port", "dashboard", "metrics", "serve"]);
         let serve = serve_service(&rs(), "llm-bcdfg");
         assert_eq!(serve["metadata"]["name"], "custom-serve");
         assert_eq!(serve["spec"]["selector"][SERVE_LABEL], "true");
-        assert_eq!(serve["spec"]["ports"][0]["appProtocol"], "http", "the user's port wins");
+        assert_eq!(
+            serve["spec"]["ports"][0]["appProtocol"], "http",
+            "the user's port wins"
+        );
     }
 
     #[test]

@@ -93,14 +93,29 @@ impl Dashboard {
             .timeout(timeout)
             .connect_timeout(timeout)
             .build()
-            .map_err(|e| Error::Dashboard { url: String::new(), message: e.to_string() })?;
-        Ok(Self { route, http, kube, attempts: 3, metrics })
+            .map_err(|e| Error::Dashboard {
+                url: String::new(),
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            route,
+            http,
+            kube,
+            attempts: 3,
+            metrics,
+        })
     }
 
     /// The base URL of a cluster's dashboard (template route) ending in `/`.
     pub fn base_url(template: &str, namespace: &str, cluster: &str) -> String {
-        let url = template.replace("{cluster}", cluster).replace("{namespace}", namespace);
-        if url.ends_with('/') { url } else { format!("{url}/") }
+        let url = template
+            .replace("{cluster}", cluster)
+            .replace("{namespace}", namespace);
+        if url.ends_with('/') {
+            url
+        } else {
+            format!("{url}/")
+        }
     }
 
     fn where_(&self, namespace: &str, cluster: &str) -> String {
@@ -114,7 +129,15 @@ impl Dashboard {
 
     /// `GET /api/serve/applications/?api_type=declarative`.
     pub async fn status(&self, namespace: &str, cluster: &str) -> Result<ServeStatus> {
-        let body = self.call(http::Method::GET, namespace, cluster, "?api_type=declarative", None).await?;
+        let body = self
+            .call(
+                http::Method::GET,
+                namespace,
+                cluster,
+                "?api_type=declarative",
+                None,
+            )
+            .await?;
         serde_json::from_slice(&body).map_err(|e| Error::Dashboard {
             url: self.where_(namespace, cluster),
             message: format!("unexpected Serve status JSON: {e}"),
@@ -124,7 +147,9 @@ impl Dashboard {
     /// `PUT /api/serve/applications/` with the whole config (declarative: apps left out are deleted).
     pub async fn put_config(&self, namespace: &str, cluster: &str, config: &Value) -> Result<()> {
         let body = serde_json::to_vec(config).expect("JSON values serialize");
-        self.call(http::Method::PUT, namespace, cluster, "", Some(body)).await.map(|_| ())
+        self.call(http::Method::PUT, namespace, cluster, "", Some(body))
+            .await
+            .map(|_| ())
     }
 
     async fn call(
@@ -163,7 +188,12 @@ impl Dashboard {
     }
 
     /// Err((retryable, message)).
-    async fn direct(&self, method: &http::Method, url: &str, body: Option<Vec<u8>>) -> Result<Vec<u8>, (bool, String)> {
+    async fn direct(
+        &self,
+        method: &http::Method,
+        url: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, (bool, String)> {
         let mut req = self.http.request(method.clone(), url);
         if let Some(b) = body {
             req = req.header("content-type", "application/json").body(b);
@@ -179,13 +209,24 @@ impl Dashboard {
         }
     }
 
-    async fn proxied(&self, method: &http::Method, path: &str, body: Option<Vec<u8>>) -> Result<Vec<u8>, (bool, String)> {
+    async fn proxied(
+        &self,
+        method: &http::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, (bool, String)> {
         let mut req = http::Request::builder().method(method.clone()).uri(path);
         if body.is_some() {
             req = req.header("content-type", "application/json");
         }
-        let req = req.body(body.unwrap_or_default()).map_err(|e| (false, e.to_string()))?;
-        self.kube.request_text(req).await.map(String::into_bytes).map_err(|e| (true, e.to_string()))
+        let req = req
+            .body(body.unwrap_or_default())
+            .map_err(|e| (false, e.to_string()))?;
+        self.kube
+            .request_text(req)
+            .await
+            .map(String::into_bytes)
+            .map_err(|e| (true, e.to_string()))
     }
 }
 
@@ -195,7 +236,9 @@ pub fn serve_config_json(text: &str, target_capacity: Option<i32>) -> Result<Val
     if config.is_null() {
         config = Value::Object(Default::default());
     }
-    let obj = config.as_object_mut().ok_or_else(|| Error::ServeConfig("serveConfigV2 is not a mapping".into()))?;
+    let obj = config
+        .as_object_mut()
+        .ok_or_else(|| Error::ServeConfig("serveConfigV2 is not a mapping".into()))?;
     match target_capacity {
         Some(tc) => obj.insert("target_capacity".into(), Value::from(tc)),
         None => obj.remove("target_capacity"),
@@ -221,7 +264,11 @@ mod tests {
 
     #[test]
     fn serve_config_keeps_integers_and_sets_capacity() {
-        let v = serve_config_json("applications:\n  - name: a\n    import_path: m:app\n    num_replicas: 2\n", Some(20)).unwrap();
+        let v = serve_config_json(
+            "applications:\n  - name: a\n    import_path: m:app\n    num_replicas: 2\n",
+            Some(20),
+        )
+        .unwrap();
         assert_eq!(v["applications"][0]["num_replicas"], Value::from(2));
         assert_eq!(v["target_capacity"], Value::from(20));
         let v = serve_config_json("target_capacity: 5\napplications: []\n", None).unwrap();
@@ -233,9 +280,21 @@ mod tests {
     fn readiness_needs_apps_all_running() {
         let mut s = ServeStatus::default();
         assert!(!s.all_running());
-        s.applications.insert("a".into(), ServeApp { status: "RUNNING".into(), ..Default::default() });
+        s.applications.insert(
+            "a".into(),
+            ServeApp {
+                status: "RUNNING".into(),
+                ..Default::default()
+            },
+        );
         assert!(s.all_running());
-        s.applications.insert("b".into(), ServeApp { status: "DEPLOYING".into(), ..Default::default() });
+        s.applications.insert(
+            "b".into(),
+            ServeApp {
+                status: "DEPLOYING".into(),
+                ..Default::default()
+            },
+        );
         assert!(!s.all_running());
     }
 }

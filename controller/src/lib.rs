@@ -49,10 +49,20 @@ pub async fn run(
     let ns = namespace.as_deref();
     let services: Api<RayService> = api(&client, ns);
     // Fail early and clearly when the CRD is missing.
-    services.list(&kube::api::ListParams::default().limit(1)).await.map_err(|e| {
-        Error::Invalid(format!("cannot list RayServices (is the ray.io/v1 RayService CRD installed?): {e}"))
-    })?;
-    let dashboard = dashboard::Dashboard::new(dashboard_route, dashboard_timeout, client.clone(), metrics.clone())?;
+    services
+        .list(&kube::api::ListParams::default().limit(1))
+        .await
+        .map_err(|e| {
+            Error::Invalid(format!(
+                "cannot list RayServices (is the ray.io/v1 RayService CRD installed?): {e}"
+            ))
+        })?;
+    let dashboard = dashboard::Dashboard::new(
+        dashboard_route,
+        dashboard_timeout,
+        client.clone(),
+        metrics.clone(),
+    )?;
     let ctx = Arc::new(Context::new(client.clone(), dashboard, options, metrics));
 
     // Head Pods belong to RayClusters, not RayServices: map them through a cache of clusters.
@@ -70,14 +80,23 @@ pub async fn run(
     Controller::new(services, watcher::Config::default())
         .owns(api::<RayCluster>(&client, ns), owned.clone())
         .owns(api::<Service>(&client, ns), owned)
-        .watches(api::<Pod>(&client, ns), watcher::Config::default().labels("ray.io/node-type"), move |pod| {
-            let cluster = pod.labels().get("ray.io/cluster").cloned();
-            let ns = pod.namespace();
-            cluster
-                .and_then(|c| clusters.get(&ObjectRef::new(&c).within(ns.as_deref().unwrap_or_default())))
-                .and_then(|c| c.owner_references().iter().find(|o| o.kind == "RayService").map(|o| o.name.clone()))
-                .map(|rs| ObjectRef::<RayService>::new(&rs).within(ns.as_deref().unwrap_or_default()))
-        })
+        .watches(
+            api::<Pod>(&client, ns),
+            watcher::Config::default().labels("ray.io/node-type"),
+            move |pod| {
+                let cluster = pod.labels().get("ray.io/cluster").cloned();
+                let ns = pod.namespace();
+                cluster
+                    .and_then(|c| clusters.get(&ObjectRef::new(&c).within(ns.as_deref().unwrap_or_default())))
+                    .and_then(|c| {
+                        c.owner_references()
+                            .iter()
+                            .find(|o| o.kind == "RayService")
+                            .map(|o| o.name.clone())
+                    })
+                    .map(|rs| ObjectRef::<RayService>::new(&rs).within(ns.as_deref().unwrap_or_default()))
+            },
+        )
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {

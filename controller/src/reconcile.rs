@@ -78,7 +78,10 @@ pub struct Context {
 
 impl Context {
     pub fn new(client: Client, dashboard: Dashboard, options: ControllerOptions, metrics: Metrics) -> Self {
-        let reporter = Reporter { controller: "rayshift".into(), instance: std::env::var("POD_NAME").ok() };
+        let reporter = Reporter {
+            controller: "rayshift".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -101,7 +104,13 @@ impl Context {
     }
 
     async fn event(&self, rs: &RayService, type_: EventType, reason: &str, action: &str, note: String) {
-        let ev = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
         self.metrics.api_write("Event", "create");
         if let Err(error) = self.recorder.publish(&ev, &rs.object_ref(&())).await {
             tracing::warn!(%error, reason, "event not recorded");
@@ -126,7 +135,8 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
     let ns = rs.namespace().unwrap_or_default();
     if rs.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove clusters and Services.
-        ctx.cache().retain(|(n, c), _| !(n == &ns && c.starts_with(&format!("{}-", rs.name_any()))));
+        ctx.cache()
+            .retain(|(n, c), _| !(n == &ns && c.starts_with(&format!("{}-", rs.name_any()))));
         return Ok(Action::await_change());
     }
     let now = Timestamp::now();
@@ -138,9 +148,19 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
     }
 
     let clusters_api: Api<RayCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let listed = clusters_api.list(&ListParams::default().labels(&children::cluster_selector(&rs.name_any()))).await?;
-    let active_name = previous.active_service_status.as_ref().and_then(|s| s.ray_cluster_name.clone()).filter(|n| !n.is_empty());
-    let pending_name = previous.pending_service_status.as_ref().and_then(|s| s.ray_cluster_name.clone()).filter(|n| !n.is_empty());
+    let listed = clusters_api
+        .list(&ListParams::default().labels(&children::cluster_selector(&rs.name_any())))
+        .await?;
+    let active_name = previous
+        .active_service_status
+        .as_ref()
+        .and_then(|s| s.ray_cluster_name.clone())
+        .filter(|n| !n.is_empty());
+    let pending_name = previous
+        .pending_service_status
+        .as_ref()
+        .and_then(|s| s.ray_cluster_name.clone())
+        .filter(|n| !n.is_empty());
     let goal = SpecDigests::of(&rs.spec.ray_cluster_config);
 
     let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
@@ -156,7 +176,16 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         } else {
             (None, None)
         };
-        seen.insert(name, Seen { cluster, head_ready, head_message, serve, dashboard_error });
+        seen.insert(
+            name,
+            Seen {
+                cluster,
+                head_ready,
+                head_message,
+                serve,
+                dashboard_error,
+            },
+        );
     }
     adopt_kuberay_cluster(&rs, &ctx, &clusters_api, active_name.as_deref(), &goal, &mut seen).await?;
 
@@ -165,7 +194,7 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         goal: goal.clone(),
         active: active_name.clone(),
         pending: pending_name.clone(),
-        clusters: seen.values().map(|s| cluster_facts(s)).collect(),
+        clusters: seen.values().map(cluster_facts).collect(),
         deletion_delay: SignedDuration::from_secs(i64::from(rs.spec.deletion_delay_seconds().max(0))),
         now,
         new_name: children::cluster_name(&rs.name_any()),
@@ -176,7 +205,10 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
     // Serve config goes only to the clusters built from the current spec.
     let mut pushed = false;
     for target in &decision.config_targets {
-        if let Some(s) = seen.get(target).filter(|s| s.head_ready && s.dashboard_error.is_none()) {
+        if let Some(s) = seen
+            .get(target)
+            .filter(|s| s.head_ready && s.dashboard_error.is_none())
+        {
             pushed |= push_serve_config(&rs, &ctx, &ns, target, s.serve.as_ref()).await?;
         }
     }
@@ -185,33 +217,68 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         apply_child(&ctx, &ns, "Service", children::serve_service(&rs, target)).await?;
     }
     ctx.cache().retain(|(n, c), _| {
-        n != &ns || !seen.contains_key(c) || Some(c) == decision.active.as_ref() || Some(c) == decision.pending.as_ref()
+        n != &ns
+            || !seen.contains_key(c)
+            || Some(c) == decision.active.as_ref()
+            || Some(c) == decision.pending.as_ref()
     });
 
     if let Some(p) = &decision.promoted {
         let from = active_name.clone().unwrap_or_else(|| "none".into());
-        ctx.event(&rs, EventType::Normal, "Promoted", "Reconcile", format!("Promoted RayCluster {ns}/{p} (was {from}): it serves all traffic now")).await;
+        ctx.event(
+            &rs,
+            EventType::Normal,
+            "Promoted",
+            "Reconcile",
+            format!("Promoted RayCluster {ns}/{p} (was {from}): it serves all traffic now"),
+        )
+        .await;
     }
     let endpoints = match &decision.serve_target {
         Some(t) => serve_endpoints(&ctx.client, &ns, t).await?,
         None => 0,
     };
     let dashboard_problem = seen.values().find_map(|s| s.dashboard_error.clone());
-    let status = build_status(&rs, &previous, &decision, &seen, endpoints, dashboard_problem.as_deref(), now);
+    let status = build_status(
+        &rs,
+        &previous,
+        &decision,
+        &seen,
+        endpoints,
+        dashboard_problem.as_deref(),
+        now,
+    );
     if conditions::status_changed(Some(&previous), &status) {
         write_status(&rs, &ctx, &status).await?;
     }
     if let Some(problem) = &dashboard_problem {
-        let before = previous.conditions.as_deref().unwrap_or_default().iter().any(|c| c.reason == reason::DASHBOARD_UNREACHABLE);
+        let before = previous
+            .conditions
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.reason == reason::DASHBOARD_UNREACHABLE);
         if !before {
-            ctx.event(&rs, EventType::Warning, "DashboardUnreachable", "Reconcile", problem.clone()).await;
+            ctx.event(
+                &rs,
+                EventType::Warning,
+                "DashboardUnreachable",
+                "Reconcile",
+                problem.clone(),
+            )
+            .await;
         }
     }
 
     // Requeue only when something is due: a deletion, or Serve apps still settling (no watch exists there).
-    let waiting_for_serve = [&decision.active, &decision.pending].into_iter().flatten().any(|c| {
-        seen.get(c).is_some_and(|s| s.head_ready && !s.serve.as_ref().is_some_and(ServeStatus::all_running))
-    }) || pushed
+    let waiting_for_serve = [&decision.active, &decision.pending]
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            seen.get(c)
+                .is_some_and(|s| s.head_ready && !s.serve.as_ref().is_some_and(ServeStatus::all_running))
+        })
+        || pushed
         || dashboard_problem.is_some()
         || decision.promoted.is_some();
     let mut next = ctx.options.resync_interval;
@@ -226,21 +293,51 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
 }
 
 pub fn validation_config(options: &ControllerOptions) -> ValidationConfig {
-    let mut config = ValidationConfig { feature_gates: options.feature_gates.clone(), ..ValidationConfig::default() };
+    let mut config = ValidationConfig {
+        feature_gates: options.feature_gates.clone(),
+        ..ValidationConfig::default()
+    };
     if !config.managed_by_values.contains(&options.managed_by) {
         config.managed_by_values.push(options.managed_by.clone());
     }
     config
 }
 
-async fn invalid(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses, message: &str) -> Result<Action> {
+async fn invalid(
+    rs: &RayService,
+    ctx: &Context,
+    previous: &RayServiceStatuses,
+    message: &str,
+) -> Result<Action> {
     let mut status = previous.clone();
     let generation = rs.metadata.generation.unwrap_or_default();
-    let wanted = [Wanted::new(conditions::READY, false, reason::VALIDATION_FAILED, message)];
-    status.conditions = Some(conditions::merge(previous.conditions.as_deref().unwrap_or_default(), &wanted, &[], generation, &Time(Timestamp::now())));
+    let wanted = [Wanted::new(
+        conditions::READY,
+        false,
+        reason::VALIDATION_FAILED,
+        message,
+    )];
+    status.conditions = Some(conditions::merge(
+        previous.conditions.as_deref().unwrap_or_default(),
+        &wanted,
+        &[],
+        generation,
+        &Time(Timestamp::now()),
+    ));
     status.service_status = Some(String::new());
     if conditions::status_changed(Some(previous), &status) {
-        ctx.event(rs, EventType::Warning, "InvalidRayServiceSpec", "Validate", format!("{}/{}: {message}", rs.namespace().unwrap_or_default(), rs.name_any())).await;
+        ctx.event(
+            rs,
+            EventType::Warning,
+            "InvalidRayServiceSpec",
+            "Validate",
+            format!(
+                "{}/{}: {message}",
+                rs.namespace().unwrap_or_default(),
+                rs.name_any()
+            ),
+        )
+        .await;
         write_status(rs, ctx, &status).await?;
     }
     // Existing clusters keep running; nothing to do until the spec changes.
@@ -253,7 +350,10 @@ fn cluster_facts(s: &Seen) -> ClusterFacts {
         name: s.cluster.name_any(),
         spec_digest: a.get(SPEC_HASH_ANNOTATION).cloned(),
         scale_digest: a.get(SCALE_HASH_ANNOTATION).cloned(),
-        worker_groups: a.get(NUM_WORKER_GROUPS_ANNOTATION).and_then(|n| n.parse().ok()).unwrap_or(usize::MAX),
+        worker_groups: a
+            .get(NUM_WORKER_GROUPS_ANNOTATION)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(usize::MAX),
         delete_after: a.get(DELETE_AFTER_ANNOTATION).and_then(|t| t.parse().ok()),
         serving_ready: s.head_ready && s.serve.as_ref().is_some_and(ServeStatus::all_running),
     }
@@ -264,42 +364,70 @@ fn cluster_facts(s: &Seen) -> ClusterFacts {
 async fn head_health(client: &Client, ns: &str, cluster: &RayCluster) -> Result<(bool, String)> {
     let name = cluster.name_any();
     let conditions = cluster.status.as_ref().and_then(|s| s.conditions.as_ref());
-    if let Some(c) = conditions.and_then(|cs| cs.iter().find(|c| c.type_ == "HeadPodReady")) {
-        if c.status != "True" {
-            return Ok((false, format!("RayCluster {name}: HeadPodReady is {} ({})", c.status, c.reason)));
-        }
+    if let Some(c) = conditions.and_then(|cs| cs.iter().find(|c| c.type_ == "HeadPodReady"))
+        && c.status != "True"
+    {
+        return Ok((
+            false,
+            format!("RayCluster {name}: HeadPodReady is {} ({})", c.status, c.reason),
+        ));
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let heads = pods.list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={name},{NODE_TYPE_LABEL}=head"))).await?;
+    let heads = pods
+        .list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={name},{NODE_TYPE_LABEL}=head")))
+        .await?;
     let [pod] = heads.items.as_slice() else {
-        return Ok((false, format!("RayCluster {name}: {} head Pods", heads.items.len())));
+        return Ok((
+            false,
+            format!("RayCluster {name}: {} head Pods", heads.items.len()),
+        ));
     };
     if pod.metadata.deletion_timestamp.is_some() {
         return Ok((false, format!("head Pod {} is terminating", pod.name_any())));
     }
-    let ray = cluster.spec.head_group_spec.template.ray_container().and_then(|c| c.name()).unwrap_or("ray-head");
+    let ray = cluster
+        .spec
+        .head_group_spec
+        .template
+        .ray_container()
+        .and_then(|c| c.name())
+        .unwrap_or("ray-head");
     let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
     let Some(container) = statuses.and_then(|cs| cs.iter().find(|c| c.name == ray)) else {
-        return Ok((false, format!("head Pod {} has no status for container {ray}", pod.name_any())));
+        return Ok((
+            false,
+            format!("head Pod {} has no status for container {ray}", pod.name_any()),
+        ));
     };
     let running = container.state.as_ref().is_some_and(|s| s.running.is_some());
     if running && container.ready {
         Ok((true, String::new()))
     } else {
-        Ok((false, format!("Ray container {ray} of head Pod {} is not running and ready", pod.name_any())))
+        Ok((
+            false,
+            format!(
+                "Ray container {ray} of head Pod {} is not running and ready",
+                pod.name_any()
+            ),
+        ))
     }
 }
 
 /// Serving Pods behind the serve Service (Ready and selected by it).
 async fn serve_endpoints(client: &Client, ns: &str, cluster: &str) -> Result<i32> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let list = pods.list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={cluster},{SERVE_LABEL}=true"))).await?;
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={cluster},{SERVE_LABEL}=true")))
+        .await?;
     let ready = list
         .items
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| {
-            p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
         })
         .count();
     Ok(i32::try_from(ready).unwrap_or(i32::MAX))
@@ -315,7 +443,9 @@ async fn adopt_kuberay_cluster(
     goal: &SpecDigests,
     seen: &mut BTreeMap<String, Seen>,
 ) -> Result<()> {
-    let Some(s) = active.and_then(|a| seen.get_mut(a)) else { return Ok(()) };
+    let Some(s) = active.and_then(|a| seen.get_mut(a)) else {
+        return Ok(());
+    };
     let reconciled = rs.status.as_ref().and_then(|st| st.observed_generation) == rs.metadata.generation;
     if s.cluster.annotations().contains_key(SPEC_HASH_ANNOTATION) || !reconciled {
         return Ok(());
@@ -324,8 +454,24 @@ async fn adopt_kuberay_cluster(
     let patch = json!({"metadata": {"annotations": {
         SPEC_HASH_ANNOTATION: goal.spec, SCALE_HASH_ANNOTATION: goal.scale, NUM_WORKER_GROUPS_ANNOTATION: groups}}});
     ctx.metrics.api_write("RayCluster", "patch");
-    let adopted = api.patch(&s.cluster.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    ctx.event(rs, EventType::Normal, "AdoptedRayCluster", "Reconcile", format!("Adopted RayCluster {} as matching the current spec", adopted.name_any())).await;
+    let adopted = api
+        .patch(
+            &s.cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    ctx.event(
+        rs,
+        EventType::Normal,
+        "AdoptedRayCluster",
+        "Reconcile",
+        format!(
+            "Adopted RayCluster {} as matching the current spec",
+            adopted.name_any()
+        ),
+    )
+    .await;
     s.cluster = adopted;
     Ok(())
 }
@@ -343,28 +489,64 @@ async fn apply_cluster_actions(
             ClusterAction::Create { name } => {
                 let body = children::ray_cluster(rs, name, None, false);
                 ctx.metrics.api_write("RayCluster", "apply");
-                api.patch(name, &PatchParams::apply(&ctx.options.field_manager).force(), &Patch::Apply(&body)).await?;
-                ctx.event(rs, EventType::Normal, "CreatedRayCluster", "Create", format!("Created RayCluster {ns}/{name}")).await;
+                api.patch(
+                    name,
+                    &PatchParams::apply(&ctx.options.field_manager).force(),
+                    &Patch::Apply(&body),
+                )
+                .await?;
+                ctx.event(
+                    rs,
+                    EventType::Normal,
+                    "CreatedRayCluster",
+                    "Create",
+                    format!("Created RayCluster {ns}/{name}"),
+                )
+                .await;
             }
             ClusterAction::UpdateSpec { name } => {
                 // Keep the replica counts the autoscaler chose.
-                let keep = seen.get(name).filter(|_| rs.spec.ray_cluster_config.autoscaling_enabled()).map(|s| current_replicas(&s.cluster));
+                let keep = seen
+                    .get(name)
+                    .filter(|_| rs.spec.ray_cluster_config.autoscaling_enabled())
+                    .map(|s| current_replicas(&s.cluster));
                 let body = children::ray_cluster(rs, name, keep.as_ref(), false);
                 ctx.metrics.api_write("RayCluster", "apply");
-                api.patch(name, &PatchParams::apply(&ctx.options.field_manager).force(), &Patch::Apply(&body)).await?;
-                ctx.event(rs, EventType::Normal, "UpdatedRayCluster", "Update", format!("Updated RayCluster {ns}/{name} in place")).await;
+                api.patch(
+                    name,
+                    &PatchParams::apply(&ctx.options.field_manager).force(),
+                    &Patch::Apply(&body),
+                )
+                .await?;
+                ctx.event(
+                    rs,
+                    EventType::Normal,
+                    "UpdatedRayCluster",
+                    "Update",
+                    format!("Updated RayCluster {ns}/{name} in place"),
+                )
+                .await;
             }
             ClusterAction::UpdateScale { name } => {
                 let Some(s) = seen.get(name) else { continue };
                 let patch = scale_patch(rs, &s.cluster);
                 ctx.metrics.api_write("RayCluster", "patch");
-                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-                ctx.event(rs, EventType::Normal, "UpdatedRayCluster", "Update", format!("Updated min/max replicas of RayCluster {ns}/{name}")).await;
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                ctx.event(
+                    rs,
+                    EventType::Normal,
+                    "UpdatedRayCluster",
+                    "Update",
+                    format!("Updated min/max replicas of RayCluster {ns}/{name}"),
+                )
+                .await;
             }
             ClusterAction::ScheduleDeletion { name, at } => {
                 let patch = json!({"metadata": {"annotations": {DELETE_AFTER_ANNOTATION: at.to_string()}}});
                 ctx.metrics.api_write("RayCluster", "patch");
-                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
             }
             ClusterAction::Delete { name } => {
                 // Never delete the cluster the Services still select.
@@ -374,10 +556,26 @@ async fn apply_cluster_actions(
                 }
                 ctx.metrics.api_write("RayCluster", "delete");
                 match api.delete(name, &DeleteParams::background()).await {
-                    Ok(_) => ctx.event(rs, EventType::Normal, "DeletedRayCluster", "Delete", format!("Deleted RayCluster {ns}/{name}")).await,
+                    Ok(_) => {
+                        ctx.event(
+                            rs,
+                            EventType::Normal,
+                            "DeletedRayCluster",
+                            "Delete",
+                            format!("Deleted RayCluster {ns}/{name}"),
+                        )
+                        .await
+                    }
                     Err(kube::Error::Api(s)) if s.is_not_found() => {}
                     Err(e) => {
-                        ctx.event(rs, EventType::Warning, "FailedToDeleteRayCluster", "Delete", format!("{ns}/{name}: {e}")).await;
+                        ctx.event(
+                            rs,
+                            EventType::Warning,
+                            "FailedToDeleteRayCluster",
+                            "Delete",
+                            format!("{ns}/{name}: {e}"),
+                        )
+                        .await;
                         return Err(e.into());
                     }
                 }
@@ -388,16 +586,33 @@ async fn apply_cluster_actions(
 }
 
 fn current_replicas(cluster: &RayCluster) -> BTreeMap<String, Value> {
-    cluster.spec.worker_groups().iter().filter_map(|g| g.replicas.map(|r| (g.group_name.clone(), Value::from(r)))).collect()
+    cluster
+        .spec
+        .worker_groups()
+        .iter()
+        .filter_map(|g| g.replicas.map(|r| (g.group_name.clone(), Value::from(r))))
+        .collect()
 }
 
 /// min/max replicas from the spec onto the existing groups (the list is replaced whole by a merge patch).
 fn scale_patch(rs: &RayService, cluster: &RayCluster) -> Value {
-    let goal: BTreeMap<&str, _> =
-        rs.spec.ray_cluster_config.worker_groups().iter().map(|g| (g.group_name.as_str(), (g.min_replicas, g.max_replicas))).collect();
+    let goal: BTreeMap<&str, _> = rs
+        .spec
+        .ray_cluster_config
+        .worker_groups()
+        .iter()
+        .map(|g| (g.group_name.as_str(), (g.min_replicas, g.max_replicas)))
+        .collect();
     let mut groups = serde_json::to_value(cluster.spec.worker_groups()).unwrap_or(Value::Array(Vec::new()));
     for g in groups.as_array_mut().into_iter().flatten() {
-        let Some((min, max)) = g.get("groupName").and_then(Value::as_str).and_then(|n| goal.get(n)).copied() else { continue };
+        let Some((min, max)) = g
+            .get("groupName")
+            .and_then(Value::as_str)
+            .and_then(|n| goal.get(n))
+            .copied()
+        else {
+            continue;
+        };
         g["minReplicas"] = min.map_or(Value::Null, Value::from);
         g["maxReplicas"] = max.map_or(Value::Null, Value::from);
     }
@@ -409,7 +624,10 @@ fn scale_patch(rs: &RayService, cluster: &RayCluster) -> Value {
 async fn serving_cluster(client: &Client, rs: &RayService) -> Result<Option<String>> {
     let services: Api<Service> = Api::namespaced(client.clone(), &rs.namespace().unwrap_or_default());
     let svc = services.get_opt(&children::serve_service_name(rs)).await?;
-    Ok(svc.and_then(|s| s.spec).and_then(|s| s.selector).and_then(|sel| sel.get(CLUSTER_LABEL).cloned()))
+    Ok(svc
+        .and_then(|s| s.spec)
+        .and_then(|s| s.selector)
+        .and_then(|sel| sel.get(CLUSTER_LABEL).cloned()))
 }
 
 /// Server-side apply of a child, skipped when what rayshift applied last is unchanged.
@@ -417,19 +635,30 @@ async fn apply_child(ctx: &Context, ns: &str, kind: &str, body: Value) -> Result
     let (body, digest) = children::stamp(body);
     let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    if let Some(existing) = api.get_opt(&name).await? {
-        if existing.annotations().get(APPLIED_ANNOTATION) == Some(&digest) {
-            return Ok(());
-        }
+    if let Some(existing) = api.get_opt(&name).await?
+        && existing.annotations().get(APPLIED_ANNOTATION) == Some(&digest)
+    {
+        return Ok(());
     }
     ctx.metrics.api_write(kind, "apply");
-    api.patch(&name, &PatchParams::apply(&ctx.options.field_manager).force(), &Patch::Apply(&body)).await?;
+    api.patch(
+        &name,
+        &PatchParams::apply(&ctx.options.field_manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
     Ok(())
 }
 
 /// PUTs the spec's Serve config when it differs from what this cluster last received (or it lost its
 /// apps); returns whether it pushed.
-async fn push_serve_config(rs: &RayService, ctx: &Context, ns: &str, cluster: &str, serve: Option<&ServeStatus>) -> Result<bool> {
+async fn push_serve_config(
+    rs: &RayService,
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    serve: Option<&ServeStatus>,
+) -> Result<bool> {
     let text = rs.spec.serve_config_v2.clone().unwrap_or_default();
     let key = (ns.to_string(), cluster.to_string());
     let cached = ctx.cache().get(&key).cloned();
@@ -441,11 +670,25 @@ async fn push_serve_config(rs: &RayService, ctx: &Context, ns: &str, cluster: &s
     match ctx.dashboard.put_config(ns, cluster, &config).await {
         Ok(()) => {
             ctx.cache().insert(key, text);
-            ctx.event(rs, EventType::Normal, "UpdatedServeApplications", "Update", format!("Updated serve applications on RayCluster {ns}/{cluster}")).await;
+            ctx.event(
+                rs,
+                EventType::Normal,
+                "UpdatedServeApplications",
+                "Update",
+                format!("Updated serve applications on RayCluster {ns}/{cluster}"),
+            )
+            .await;
             Ok(true)
         }
         Err(e) => {
-            ctx.event(rs, EventType::Warning, "FailedToUpdateServeApplications", "Update", e.to_string()).await;
+            ctx.event(
+                rs,
+                EventType::Warning,
+                "FailedToUpdateServeApplications",
+                "Update",
+                e.to_string(),
+            )
+            .await;
             Err(e)
         }
     }
@@ -459,22 +702,56 @@ fn app_statuses(serve: &ServeStatus) -> BTreeMap<String, AppStatus> {
             let deployments = app
                 .deployments
                 .iter()
-                .map(|(d, s)| (d.clone(), ServeDeploymentStatus { status: Some(s.status.clone()), message: Some(s.message.clone()), ..Default::default() }))
+                .map(|(d, s)| {
+                    (
+                        d.clone(),
+                        ServeDeploymentStatus {
+                            status: Some(s.status.clone()),
+                            message: Some(s.message.clone()),
+                            ..Default::default()
+                        },
+                    )
+                })
                 .collect();
-            let name = if name.is_empty() { "default".to_string() } else { name.clone() };
-            (name, AppStatus { status: Some(app.status.clone()), message: Some(app.message.clone()), serve_deployment_statuses: Some(deployments), ..Default::default() })
+            let name = if name.is_empty() {
+                "default".to_string()
+            } else {
+                name.clone()
+            };
+            (
+                name,
+                AppStatus {
+                    status: Some(app.status.clone()),
+                    message: Some(app.message.clone()),
+                    serve_deployment_statuses: Some(deployments),
+                    ..Default::default()
+                },
+            )
         })
         .collect()
 }
 
-fn side(name: &Option<String>, seen: &BTreeMap<String, Seen>, previous: Option<&ClusterServiceStatus>) -> Option<ClusterServiceStatus> {
+fn side(
+    name: &Option<String>,
+    seen: &BTreeMap<String, Seen>,
+    previous: Option<&ClusterServiceStatus>,
+) -> Option<ClusterServiceStatus> {
     let name = name.as_ref()?;
     let s = seen.get(name);
     // Keep what rayshift does not compute here (capacity, traffic: incremental mode) if it is the same cluster.
-    let mut out = previous.filter(|p| p.ray_cluster_name.as_ref() == Some(name)).cloned().unwrap_or_default();
+    let mut out = previous
+        .filter(|p| p.ray_cluster_name.as_ref() == Some(name))
+        .cloned()
+        .unwrap_or_default();
     out.ray_cluster_name = Some(name.clone());
-    out.application_statuses = s.and_then(|s| s.serve.as_ref()).map(app_statuses).or(out.application_statuses).filter(|_| s.is_some_and(|s| s.head_ready));
-    out.ray_cluster_status = s.and_then(|s| s.cluster.status.as_ref()).and_then(|st| serde_json::to_value(st).ok());
+    out.application_statuses = s
+        .and_then(|s| s.serve.as_ref())
+        .map(app_statuses)
+        .or(out.application_statuses)
+        .filter(|_| s.is_some_and(|s| s.head_ready));
+    out.ray_cluster_status = s
+        .and_then(|s| s.cluster.status.as_ref())
+        .and_then(|st| serde_json::to_value(st).ok());
     Some(out)
 }
 
@@ -493,19 +770,42 @@ fn build_status(
     if let (Some(problem), false) = (dashboard_problem, endpoints > 0) {
         ready = Wanted::new(conditions::READY, false, reason::DASHBOARD_UNREACHABLE, problem);
     }
-    let wanted = [ready, conditions::upgrade_in_progress(d.active.is_some(), d.pending.is_some())];
+    let wanted = [
+        ready,
+        conditions::upgrade_in_progress(d.active.is_some(), d.pending.is_some()),
+    ];
     let mut status = previous.clone();
-    status.conditions = Some(conditions::merge(prev_conditions, &wanted, &[], generation, &Time(now)));
+    status.conditions = Some(conditions::merge(
+        prev_conditions,
+        &wanted,
+        &[],
+        generation,
+        &Time(now),
+    ));
     status.observed_generation = Some(generation);
     status.num_serve_endpoints = Some(endpoints);
-    status.service_status = Some(if endpoints > 0 { "Running".into() } else { String::new() });
+    status.service_status = Some(if endpoints > 0 {
+        "Running".into()
+    } else {
+        String::new()
+    });
     let prev_active = previous.active_service_status.as_ref();
     let prev_pending = previous.pending_service_status.as_ref();
     // A promoted cluster carries its pending-side fields over to the active side.
-    let active_prev = if d.promoted.is_some() { prev_pending } else { prev_active };
+    let active_prev = if d.promoted.is_some() {
+        prev_pending
+    } else {
+        prev_active
+    };
     status.active_service_status = side(&d.active, seen, active_prev);
     status.pending_service_status = side(&d.pending, seen, prev_pending);
-    let head_note = d.pending.as_ref().or(d.active.as_ref()).and_then(|c| seen.get(c)).filter(|s| !s.head_ready).map(|s| s.head_message.clone());
+    let head_note = d
+        .pending
+        .as_ref()
+        .or(d.active.as_ref())
+        .and_then(|c| seen.get(c))
+        .filter(|s| !s.head_ready)
+        .map(|s| s.head_message.clone());
     if let Some(note) = head_note.filter(|n| !n.is_empty()) {
         tracing::debug!(rayservice = %rs.name_any(), %note, "head not ready");
     }
@@ -524,7 +824,12 @@ async fn write_status(rs: &RayService, ctx: &Context, status: &RayServiceStatuse
     }
     let api: Api<RayService> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
     ctx.metrics.api_write("RayService", "status");
-    api.patch_status(&rs.name_any(), &PatchParams::default(), &Patch::Merge(&json!({"status": body}))).await?;
+    api.patch_status(
+        &rs.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": body})),
+    )
+    .await?;
     Ok(())
 }
 

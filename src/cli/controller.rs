@@ -68,7 +68,9 @@ impl ControllerArgs {
         let config = match &self.kubeconfig {
             Some(path) => {
                 let kc = Kubeconfig::read_from(path).map_err(|e| CliError::Kube(e.to_string()))?;
-                Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(|e| CliError::Kube(e.to_string()))?
+                Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| CliError::Kube(e.to_string()))?
             }
             None => Config::infer().await.map_err(|e| CliError::Kube(e.to_string()))?,
         };
@@ -97,10 +99,23 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
         let shutdown = shutdown::on_signal();
         let client = cmd.controller.client().await?;
         let admin = server::bind(cmd.metrics_addr, "metrics").await?;
-        let admin_task = tokio::spawn(server::serve_admin(admin, server::admin_router(registry.clone(), Arc::new(|| true)), shutdown.clone()));
+        let admin_task = tokio::spawn(server::serve_admin(
+            admin,
+            server::admin_router(registry.clone(), Arc::new(|| true)),
+            shutdown.clone(),
+        ));
         let options = cmd.controller.options(cmd.feature_gates);
         let timeout = Duration::from_secs_f64(cmd.controller.dashboard_timeout_seconds.max(0.1));
-        rayshift_controller::run(client, cmd.controller.namespace.clone(), options, cmd.controller.route(), timeout, &registry, shutdown).await?;
+        rayshift_controller::run(
+            client,
+            cmd.controller.namespace.clone(),
+            options,
+            cmd.controller.route(),
+            timeout,
+            &registry,
+            shutdown,
+        )
+        .await?;
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
     })
@@ -128,17 +143,35 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
         let client = cmd.controller.client().await?;
         let hook = rayshift_webhook::Webhook::bind(webhook_options, &registry).await?;
         let admin = server::bind(cmd.metrics_addr, "metrics").await?;
-        let admin_task = tokio::spawn(server::serve_admin(admin, server::admin_router(registry.clone(), hook.readiness()), shutdown.clone()));
+        let admin_task = tokio::spawn(server::serve_admin(
+            admin,
+            server::admin_router(registry.clone(), hook.readiness()),
+            shutdown.clone(),
+        ));
         let hook_task = tokio::spawn(hook.run(shutdown.clone()));
         let options = cmd.controller.options(cmd.webhook.feature_gates.clone());
         let timeout = Duration::from_secs_f64(cmd.controller.dashboard_timeout_seconds.max(0.1));
-        rayshift_controller::run(client, cmd.controller.namespace.clone(), options, cmd.controller.route(), timeout, &registry, shutdown).await?;
-        hook_task.await.map_err(|e| CliError::Runtime(std::io::Error::other(e)))??;
+        rayshift_controller::run(
+            client,
+            cmd.controller.namespace.clone(),
+            options,
+            cmd.controller.route(),
+            timeout,
+            &registry,
+            shutdown,
+        )
+        .await?;
+        hook_task
+            .await
+            .map_err(|e| CliError::Runtime(std::io::Error::other(e)))??;
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
     })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(CliError::Runtime)
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)
 }

@@ -23,7 +23,14 @@ impl ControllerProcess {
             .arg(&cp.kubeconfig)
             .args(["--namespace", ns, "--dashboard-url-template", dashboard_template])
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
-            .args(["--serve-poll-interval-seconds", "0.3", "--log-format", "plain", "--log-level", "info,kube=warn,kube_client=error"])
+            .args([
+                "--serve-poll-interval-seconds",
+                "0.3",
+                "--log-format",
+                "plain",
+                "--log-level",
+                "info,kube=warn,kube_client=error",
+            ])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -37,7 +44,11 @@ impl ControllerProcess {
                 sink.lock().unwrap().push(line);
             }
         });
-        Self { child, metrics_port, logs }
+        Self {
+            child,
+            metrics_port,
+            logs,
+        }
     }
 
     pub fn metrics(&self) -> String {

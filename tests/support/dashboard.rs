@@ -50,7 +50,10 @@ impl FakeDashboard {
     pub async fn start() -> Self {
         let mut dash = FakeDashboard::default();
         let router = Router::new()
-            .route("/{ns}/{cluster}/api/serve/applications/", get(get_apps).put(put_apps))
+            .route(
+                "/{ns}/{cluster}/api/serve/applications/",
+                get(get_apps).put(put_apps),
+            )
             .with_state(dash.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         dash.addr = Some(listener.local_addr().unwrap());
@@ -66,18 +69,25 @@ impl FakeDashboard {
     pub fn with<R>(&self, ns: &str, cluster: &str, f: impl FnOnce(&mut ClusterState) -> R) -> R {
         let template = self.new_clusters.lock().unwrap().clone();
         let mut map = self.state.lock().unwrap();
-        f(map.entry((ns.to_string(), cluster.to_string())).or_insert(template))
+        f(map
+            .entry((ns.to_string(), cluster.to_string()))
+            .or_insert(template))
     }
 
     /// Clusters this dashboard has seen in a namespace.
     pub fn clusters(&self, ns: &str) -> Vec<String> {
-        self.state.lock().unwrap().keys().filter(|(n, _)| n == ns).map(|(_, c)| c.clone()).collect()
+        self.state
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|(n, _)| n == ns)
+            .map(|(_, c)| c.clone())
+            .collect()
     }
 
     pub fn get(&self, ns: &str, cluster: &str) -> ClusterState {
         self.with(ns, cluster, |s| s.clone())
     }
-
 }
 
 /// Serve's replica count under a target capacity.
@@ -95,12 +105,29 @@ fn status_body(s: &ClusterState) -> Value {
     };
     let capacity = config.get("target_capacity").and_then(Value::as_f64);
     let mut apps = BTreeMap::new();
-    for app in config.get("applications").and_then(Value::as_array).into_iter().flatten() {
-        let name = app.get("name").and_then(Value::as_str).unwrap_or("default").to_string();
+    for app in config
+        .get("applications")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let name = app
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_string();
         let mut deployments = BTreeMap::new();
-        let declared = app.get("deployments").and_then(Value::as_array).cloned().unwrap_or_else(|| vec![json!({"name": "Default"})]);
+        let declared = app
+            .get("deployments")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_else(|| vec![json!({"name": "Default"})]);
         for d in declared {
-            let dname = d.get("name").and_then(Value::as_str).unwrap_or("Default").to_string();
+            let dname = d
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("Default")
+                .to_string();
             let num = d.get("num_replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
             let target = scaled(num, capacity);
             let running = s.max_running.map_or(target, |m| m.min(target));
@@ -114,8 +141,11 @@ fn status_body(s: &ClusterState) -> Value {
             );
         }
         let status = s.app_status.clone().unwrap_or_else(|| "RUNNING".into());
-        apps.insert(name.clone(), json!({"name": name, "route_prefix": app.get("route_prefix").cloned().unwrap_or(json!("/")),
-            "status": status, "message": "", "source": "declarative", "deployments": deployments}));
+        apps.insert(
+            name.clone(),
+            json!({"name": name, "route_prefix": app.get("route_prefix").cloned().unwrap_or(json!("/")),
+            "status": status, "message": "", "source": "declarative", "deployments": deployments}),
+        );
     }
     json!({"controller_info": {"node_id": "fake"}, "proxy_location": "HeadOnly", "http_options": {"host": "0.0.0.0", "port": 8000},
            "proxies": {}, "applications": apps, "target_capacity": capacity})
@@ -132,12 +162,24 @@ async fn get_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(Str
     }
 }
 
-async fn put_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(String, String)>, body: Bytes) -> Response {
+async fn put_apps(
+    State(d): State<FakeDashboard>,
+    Path((ns, cluster)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
     let Ok(config) = serde_json::from_slice::<Value>(&body) else {
         return (StatusCode::BAD_REQUEST, "invalid JSON").into_response();
     };
-    if config.get("target_capacity").and_then(Value::as_f64).is_some_and(|c| !(0.0..=100.0).contains(&c)) {
-        return (StatusCode::BAD_REQUEST, "Input should be less than or equal to 100").into_response();
+    if config
+        .get("target_capacity")
+        .and_then(Value::as_f64)
+        .is_some_and(|c| !(0.0..=100.0).contains(&c))
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            "Input should be less than or equal to 100",
+        )
+            .into_response();
     }
     let ok = d.with(&ns, &cluster, |s| {
         if s.down {
@@ -147,5 +189,9 @@ async fn put_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(Str
         s.config = Some(config);
         true
     });
-    if ok { StatusCode::OK.into_response() } else { (StatusCode::SERVICE_UNAVAILABLE, "dashboard down").into_response() }
+    if ok {
+        StatusCode::OK.into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "dashboard down").into_response()
+    }
 }

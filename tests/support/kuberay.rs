@@ -41,7 +41,14 @@ impl KubeRayStandIn {
         let ns = ns.to_string();
         let task = tokio::spawn(async move {
             loop {
-                if let Err(e) = pass(&client, &ns, &broken, all.load(std::sync::atomic::Ordering::Relaxed)).await {
+                if let Err(e) = pass(
+                    &client,
+                    &ns,
+                    &broken,
+                    all.load(std::sync::atomic::Ordering::Relaxed),
+                )
+                .await
+                {
                     eprintln!("kuberay stand-in: {e}");
                 }
                 tokio::time::sleep(Duration::from_millis(150)).await;
@@ -56,7 +63,12 @@ impl KubeRayStandIn {
     }
 }
 
-async fn pass(client: &Client, ns: &str, broken: &Mutex<HashSet<String>>, all_broken: bool) -> Result<(), kube::Error> {
+async fn pass(
+    client: &Client,
+    ns: &str,
+    broken: &Mutex<HashSet<String>>,
+    all_broken: bool,
+) -> Result<(), kube::Error> {
     let clusters: Api<RayCluster> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     for c in clusters.list(&ListParams::default()).await?.items {
@@ -73,11 +85,23 @@ async fn pass(client: &Client, ns: &str, broken: &Mutex<HashSet<String>>, all_br
                 "conditions": [{"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady", "message": "",
                                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]
             }});
-            clusters.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+            clusters
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await?;
         }
-        let ray_container = c.spec.head_group_spec.template.ray_container().and_then(|r| r.name()).unwrap_or("ray-head").to_string();
+        let ray_container = c
+            .spec
+            .head_group_spec
+            .template
+            .ray_container()
+            .and_then(|r| r.name())
+            .unwrap_or("ray-head")
+            .to_string();
         let owner = json!([{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name, "uid": c.metadata.uid, "controller": true}]);
-        for (pod_name, node_type, serve) in [(format!("{name}-head"), "head", "false"), (format!("{name}-worker"), "worker", "true")] {
+        for (pod_name, node_type, serve) in [
+            (format!("{name}-head"), "head", "false"),
+            (format!("{name}-worker"), "worker", "true"),
+        ] {
             if pods.get_opt(&pod_name).await?.is_none() {
                 let pod: Pod = serde_json::from_value(json!({
                     "apiVersion": "v1", "kind": "Pod",
@@ -112,7 +136,8 @@ async fn pass(client: &Client, ns: &str, broken: &Mutex<HashSet<String>>, all_br
                 .and_then(|cs| cs.iter().find(|c| c.name == ray_container))
                 .map(|c| c.ready);
             if is_ready != Some(want_ready) {
-                pods.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+                pods.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await?;
             }
         }
     }
