@@ -40,6 +40,10 @@ pub struct Facts {
     pub now: Timestamp,
     /// A fresh cluster name, in case one is needed.
     pub new_name: String,
+    /// Incremental mode: promotion and rollback are driven by the upgrade planner, not here.
+    pub incremental: bool,
+    /// A spec digest that was rolled back (abort, progress deadline): not upgraded to again.
+    pub rejected_spec: Option<String>,
 }
 
 /// A change to one RayCluster.
@@ -111,8 +115,10 @@ pub fn decide(f: &Facts) -> Decision {
     };
     let builds_new_clusters = f.strategy != UpgradeType::None;
 
-    // A pending cluster from an older spec is replaced (the spec changed again mid-upgrade).
-    if let Some(p) = d.pending.clone().and_then(|p| f.cluster(&p).cloned())
+    // A pending cluster from an older spec is replaced (the spec changed again mid-upgrade); in
+    // incremental mode the upgrade planner rolls back instead.
+    if !f.incremental
+        && let Some(p) = d.pending.clone().and_then(|p| f.cluster(&p).cloned())
         && !f.matches_goal(&p)
         && !f.appended_only(&p)
     {
@@ -123,7 +129,10 @@ pub fn decide(f: &Facts) -> Decision {
         (None, None) => d.pending = Some(f.new_name.clone()),
         (Some(a), None) => {
             let c = f.cluster(&a).expect("active exists");
-            if !f.matches_goal(c) {
+            let rejected = f.rejected_spec.as_deref() == Some(f.goal.spec.as_str());
+            if rejected {
+                // Rolled back on purpose: stay on the active cluster until the spec changes again.
+            } else if !f.matches_goal(c) {
                 if f.appended_only(c) || !builds_new_clusters {
                     d.actions.push(ClusterAction::UpdateSpec { name: a.clone() });
                 } else {
@@ -152,12 +161,15 @@ pub fn decide(f: &Facts) -> Decision {
         .as_deref()
         .and_then(|p| f.cluster(p))
         .is_some_and(|c| c.serving_ready);
-    if pending_ready {
+    // In incremental mode only the first cluster is promoted here; later ones by the upgrade planner.
+    if pending_ready && (!f.incremental || d.active.is_none()) {
         d.promoted = d.pending.take();
         d.active = d.promoted.clone();
     }
     d.serve_target = d.active.clone();
     d.config_targets = match (&d.active, &d.pending) {
+        // While rolling back, the pending cluster (built from another spec) gets nothing new.
+        (_, Some(p)) if f.incremental && f.cluster(p).is_some_and(|c| !f.matches_goal(c)) => Vec::new(),
         (_, Some(p)) => vec![p.clone()],
         (Some(a), None) => vec![a.clone()],
         (None, None) => Vec::new(),

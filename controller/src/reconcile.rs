@@ -198,6 +198,8 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         deletion_delay: SignedDuration::from_secs(i64::from(rs.spec.deletion_delay_seconds().max(0))),
         now,
         new_name: children::cluster_name(&rs.name_any()),
+        incremental: false,
+        rejected_spec: None,
     };
     let decision = lifecycle::decide(&facts);
     apply_cluster_actions(&rs, &ctx, &clusters_api, &decision, &seen).await?;

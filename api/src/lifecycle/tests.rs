@@ -38,6 +38,8 @@ fn facts(
         deletion_delay: SignedDuration::from_secs(60),
         now: Timestamp::from_second(1_000).unwrap(),
         new_name: "rs-new".into(),
+        incremental: false,
+        rejected_spec: None,
     }
 }
 
@@ -265,7 +267,7 @@ proptest! {
             let f = Facts {
                 strategy: UpgradeType::NewCluster, goal: goal(&tag.to_string()), active: active.clone(),
                 pending: pending.clone(), clusters: clusters.clone(), deletion_delay: SignedDuration::from_secs(60),
-                now, new_name: format!("rs-{i}"),
+                now, new_name: format!("rs-{i}"), incremental: false, rejected_spec: None,
             };
             let d = decide(&f);
             if let Some(target) = &d.serve_target {
@@ -299,4 +301,35 @@ proptest! {
             prop_assert!(active.is_none() || active != pending);
         }
     }
+}
+
+#[test]
+fn incremental_mode_leaves_promotion_and_rollback_to_the_planner() {
+    let mut f = facts(UpgradeType::NewClusterWithIncrementalUpgrade, "b", Some("rs-1"), Some("rs-2"),
+        vec![cluster("rs-1", "a", true), cluster("rs-2", "b", true)]);
+    f.incremental = true;
+    let d = decide(&f);
+    assert_eq!(d.promoted, None, "a ready pending cluster is not promoted here");
+    assert_eq!(d.serve_target.as_deref(), Some("rs-1"));
+    assert_eq!(d.config_targets, vec!["rs-2".to_string()]);
+    // The spec went back to rs-1's: no replacement, no new config for rs-2.
+    f.goal = goal("a");
+    let d = decide(&f);
+    assert_eq!(d.pending.as_deref(), Some("rs-2"));
+    assert!(d.config_targets.is_empty());
+    assert!(d.actions.is_empty());
+    // The first cluster is still promoted when ready.
+    let mut first = facts(UpgradeType::NewClusterWithIncrementalUpgrade, "a", None, Some("rs-1"), vec![cluster("rs-1", "a", true)]);
+    first.incremental = true;
+    assert_eq!(decide(&first).promoted.as_deref(), Some("rs-1"));
+}
+
+#[test]
+fn a_rejected_spec_is_not_upgraded_to_again() {
+    let mut f = facts(UpgradeType::NewClusterWithIncrementalUpgrade, "b", Some("rs-1"), None, vec![cluster("rs-1", "a", true)]);
+    f.incremental = true;
+    f.rejected_spec = Some("spec-b".into());
+    let d = decide(&f);
+    assert_eq!(d.pending, None);
+    assert!(d.actions.is_empty());
 }
