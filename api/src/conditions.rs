@@ -19,6 +19,7 @@ pub mod reason {
     pub const NO_PENDING_CLUSTER: &str = "NoPendingCluster";
     pub const DASHBOARD_UNREACHABLE: &str = "DashboardUnreachable";
     pub const FEATURE_GATE_DISABLED: &str = "FeatureGateDisabled";
+    pub const GATEWAY_API_UNAVAILABLE: &str = "GatewayAPIUnavailable";
 }
 
 /// A condition to set: type, status, reason, message.

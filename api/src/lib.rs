@@ -15,6 +15,7 @@ pub mod raycluster;
 pub mod rayservice;
 mod schema;
 pub mod upgrade;
+pub mod upgrade_control;
 pub mod validation;
 
 pub use error::{Error, Result};

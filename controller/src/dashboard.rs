@@ -56,6 +56,8 @@ pub struct ServeDeployment {
     #[serde(default)]
     pub target_num_replicas: Option<i64>,
     #[serde(default)]
+    pub deployment_config: Option<Value>,
+    #[serde(default)]
     pub replicas: Vec<Replica>,
 }
 
@@ -69,6 +71,16 @@ impl ServeDeployment {
     /// Replicas actually in state RUNNING (not the declared target).
     pub fn running_replicas(&self) -> usize {
         self.replicas.iter().filter(|r| r.state == "RUNNING").count()
+    }
+
+    /// Replicas the deployment declares at full capacity (a fixed `num_replicas`, else Serve's target).
+    pub fn declared_replicas(&self) -> u64 {
+        self.deployment_config
+            .as_ref()
+            .and_then(|c| c.get("num_replicas"))
+            .and_then(Value::as_u64)
+            .or_else(|| self.target_num_replicas.and_then(|t| u64::try_from(t).ok()))
+            .unwrap_or(1)
     }
 }
 
@@ -84,6 +96,17 @@ impl ServeStatus {
     /// At least one app, and every app RUNNING (KubeRay's readiness rule).
     pub fn all_running(&self) -> bool {
         !self.applications.is_empty() && self.applications.values().all(|a| a.status == "RUNNING")
+    }
+
+    /// Serve has taken `capacity` and runs, in every deployment, at least the replicas it implies, counting
+    /// replicas in state RUNNING (an app can be RUNNING long before the new replicas are).
+    pub fn capacity_verified(&self, capacity: i32) -> bool {
+        let taken = self.target_capacity.map(|c| c.round() as i32) == Some(capacity);
+        taken
+            && self.all_running()
+            && self.applications.values().flat_map(|a| a.deployments.values()).all(|d| {
+                d.running_replicas() as u64 >= rayshift_api::upgrade_control::implied_replicas(d.declared_replicas(), capacity)
+            })
     }
 }
 

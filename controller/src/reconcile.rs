@@ -50,6 +50,10 @@ pub struct ControllerOptions {
     /// Re-read dashboards this often when settled; writes only if something changed.
     pub resync_interval: Duration,
     pub field_manager: String,
+    /// Do not wait for Gateway/HTTPRoute status (for Gateway controllers that publish none).
+    pub skip_gateway_status_check: bool,
+    /// Operator default of the progress deadline (the annotation overrides it).
+    pub progress_deadline_seconds: i64,
 }
 
 impl Default for ControllerOptions {
@@ -61,6 +65,8 @@ impl Default for ControllerOptions {
             serve_poll_interval: Duration::from_secs(2),
             resync_interval: Duration::from_secs(60),
             field_manager: "rayshift".to_string(),
+            skip_gateway_status_check: false,
+            progress_deadline_seconds: rayshift_api::upgrade_control::DEFAULT_PROGRESS_DEADLINE_SECONDS,
         }
     }
 }
@@ -74,6 +80,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// Serve config last pushed, per `(namespace, cluster)`: push only on change.
     pub serve_cache: Mutex<HashMap<(String, String), String>>,
+    /// Whether the Gateway API (HTTPRoute) is served by this cluster.
+    pub gateway_api: std::sync::atomic::AtomicBool,
 }
 
 impl Context {
@@ -89,6 +97,7 @@ impl Context {
             options,
             metrics,
             serve_cache: Mutex::new(HashMap::new()),
+            gateway_api: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -103,7 +112,7 @@ impl Context {
         self.serve_cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn event(&self, rs: &RayService, type_: EventType, reason: &str, action: &str, note: String) {
+    pub(crate) async fn event(&self, rs: &RayService, type_: EventType, reason: &str, action: &str, note: String) {
         let ev = Event {
             type_,
             reason: reason.into(),
@@ -117,6 +126,10 @@ impl Context {
         }
     }
 }
+
+/// The Serve config (serveConfigV2 text) a cluster runs: kept on the cluster so that a restarted
+/// controller changes its capacity with its own config, never with a newer spec's.
+pub const SERVE_CONFIG_ANNOTATION: &str = "rayshift.io/serve-config";
 
 /// What was seen of one cluster this pass.
 struct Seen {
@@ -147,6 +160,11 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         return invalid(&rs, &ctx, &previous, &verdict.denial_message()).await;
     }
 
+    let incremental = rs.spec.upgrade_type() == Some(UpgradeType::NewClusterWithIncrementalUpgrade)
+        && ctx.options.feature_gates.incremental_upgrade();
+    if incremental && !gateway_api_available(&ctx, &ns).await {
+        return gateway_api_missing(&rs, &ctx, &previous).await;
+    }
     let clusters_api: Api<RayCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let listed = clusters_api
         .list(&ListParams::default().labels(&children::cluster_selector(&rs.name_any())))
@@ -198,25 +216,27 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         deletion_delay: SignedDuration::from_secs(i64::from(rs.spec.deletion_delay_seconds().max(0))),
         now,
         new_name: children::cluster_name(&rs.name_any()),
-        incremental: false,
-        rejected_spec: None,
+        incremental,
+        rejected_spec: incremental.then(|| crate::incremental::rejected_spec(&previous)).flatten(),
     };
     let decision = lifecycle::decide(&facts);
-    apply_cluster_actions(&rs, &ctx, &clusters_api, &decision, &seen).await?;
+    apply_cluster_actions(&rs, &ctx, &clusters_api, &decision, &seen, incremental).await?;
 
     // Serve config goes only to the clusters built from the current spec.
     let mut pushed = false;
     for target in &decision.config_targets {
-        if let Some(s) = seen
-            .get(target)
-            .filter(|s| s.head_ready && s.dashboard_error.is_none())
-        {
-            pushed |= push_serve_config(&rs, &ctx, &ns, target, s.serve.as_ref()).await?;
+        if let Some(s) = seen.get(target).filter(|s| s.head_ready && s.dashboard_error.is_none()) {
+            // In incremental mode the config carries the cluster's target_capacity (a new pending cluster: 0).
+            let capacity = incremental.then(|| target_capacity(&previous, target, decision.active.is_none())).flatten();
+            pushed |= push_serve_config(&rs, &ctx, &ns, &s.cluster, capacity, s.serve.as_ref()).await?;
         }
     }
     if let Some(target) = &decision.serve_target {
         apply_child(&ctx, &ns, "Service", children::head_service(&rs, target)).await?;
-        apply_child(&ctx, &ns, "Service", children::serve_service(&rs, target)).await?;
+        // Incremental mode routes through the Gateway to per-cluster serve Services instead.
+        if !incremental {
+            apply_child(&ctx, &ns, "Service", children::serve_service(&rs, target)).await?;
+        }
     }
     ctx.cache().retain(|(n, c), _| {
         n != &ns
@@ -241,15 +261,24 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         None => 0,
     };
     let dashboard_problem = seen.values().find_map(|s| s.dashboard_error.clone());
-    let status = build_status(
-        &rs,
-        &previous,
-        &decision,
-        &seen,
-        endpoints,
-        dashboard_problem.as_deref(),
-        now,
-    );
+    let mut status = build_status(&rs, &previous, &decision, &seen, endpoints, dashboard_problem.as_deref(), now);
+    let mut incremental_wake = None;
+    if incremental {
+        let cluster = |n: &Option<String>| n.as_ref().and_then(|n| seen.get(n));
+        let (a, p) = (cluster(&decision.active), cluster(&decision.pending));
+        let pass = crate::incremental::Pass {
+            rs: &rs,
+            ctx: &ctx,
+            ns: &ns,
+            active: a.map(|s| &s.cluster),
+            pending: p.map(|s| &s.cluster),
+            active_serve: a.filter(|s| s.head_ready).and_then(|s| s.serve.as_ref()),
+            pending_serve: p.filter(|s| s.head_ready).and_then(|s| s.serve.as_ref()),
+            goal_spec: &goal.spec,
+            now,
+        };
+        incremental_wake = crate::incremental::advance(&pass, &mut status).await?;
+    }
     if conditions::status_changed(Some(&previous), &status) {
         write_status(&rs, &ctx, &status).await?;
     }
@@ -284,6 +313,9 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         || dashboard_problem.is_some()
         || decision.promoted.is_some();
     let mut next = ctx.options.resync_interval;
+    if let Some(wake) = incremental_wake {
+        next = next.min(wake);
+    }
     if waiting_for_serve {
         next = next.min(ctx.options.serve_poll_interval);
     }
@@ -484,12 +516,15 @@ async fn apply_cluster_actions(
     api: &Api<RayCluster>,
     decision: &Decision,
     seen: &BTreeMap<String, Seen>,
+    incremental: bool,
 ) -> Result<()> {
     let ns = rs.namespace().unwrap_or_default();
     for action in &decision.actions {
         match action {
             ClusterAction::Create { name } => {
-                let body = children::ray_cluster(rs, name, None, false);
+                // A pending cluster of an incremental upgrade starts from minReplicas, as in KubeRay.
+                let unset = incremental && decision.active.is_some();
+                let body = children::ray_cluster(rs, name, None, unset);
                 ctx.metrics.api_write("RayCluster", "apply");
                 api.patch(
                     name,
@@ -633,7 +668,7 @@ async fn serving_cluster(client: &Client, rs: &RayService) -> Result<Option<Stri
 }
 
 /// Server-side apply of a child, skipped when what rayshift applied last is unchanged.
-async fn apply_child(ctx: &Context, ns: &str, kind: &str, body: Value) -> Result<()> {
+pub(crate) async fn apply_child(ctx: &Context, ns: &str, kind: &str, body: Value) -> Result<()> {
     let (body, digest) = children::stamp(body);
     let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
@@ -653,47 +688,74 @@ async fn apply_child(ctx: &Context, ns: &str, kind: &str, body: Value) -> Result
 }
 
 /// PUTs the spec's Serve config when it differs from what this cluster last received (or it lost its
-/// apps); returns whether it pushed.
+/// apps), then records on the cluster which config it runs; returns whether it pushed.
 async fn push_serve_config(
     rs: &RayService,
     ctx: &Context,
     ns: &str,
-    cluster: &str,
+    cluster: &RayCluster,
+    target_capacity: Option<i32>,
     serve: Option<&ServeStatus>,
 ) -> Result<bool> {
+    let name = cluster.name_any();
     let text = rs.spec.serve_config_v2.clone().unwrap_or_default();
-    let key = (ns.to_string(), cluster.to_string());
+    let key = (ns.to_string(), name.clone());
     let cached = ctx.cache().get(&key).cloned();
     let has_apps = serve.is_some_and(|s| !s.applications.is_empty());
     if cached.as_deref() == Some(text.as_str()) && has_apps {
         return Ok(false);
     }
-    let config = dashboard::serve_config_json(&text, None)?;
-    match ctx.dashboard.put_config(ns, cluster, &config).await {
+    let config = dashboard::serve_config_json(&text, target_capacity)?;
+    match ctx.dashboard.put_config(ns, &name, &config).await {
         Ok(()) => {
-            ctx.cache().insert(key, text);
-            ctx.event(
-                rs,
-                EventType::Normal,
-                "UpdatedServeApplications",
-                "Update",
-                format!("Updated serve applications on RayCluster {ns}/{cluster}"),
-            )
-            .await;
+            ctx.cache().insert(key, text.clone());
+            if cluster.annotations().get(SERVE_CONFIG_ANNOTATION) != Some(&text) {
+                let patch = json!({"metadata": {"annotations": {SERVE_CONFIG_ANNOTATION: text}}});
+                ctx.metrics.api_write("RayCluster", "patch");
+                Api::<RayCluster>::namespaced(ctx.client.clone(), ns).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
+            ctx.event(rs, EventType::Normal, "UpdatedServeApplications", "Update", format!("Updated serve applications on RayCluster {ns}/{name}")).await;
             Ok(true)
         }
         Err(e) => {
-            ctx.event(
-                rs,
-                EventType::Warning,
-                "FailedToUpdateServeApplications",
-                "Update",
-                e.to_string(),
-            )
-            .await;
+            ctx.event(rs, EventType::Warning, "FailedToUpdateServeApplications", "Update", e.to_string()).await;
             Err(e)
         }
     }
+}
+
+/// The target capacity recorded for a cluster; a cluster not yet in status gets KubeRay's start value.
+fn target_capacity(status: &RayServiceStatuses, cluster: &str, first: bool) -> Option<i32> {
+    let recorded = [&status.active_service_status, &status.pending_service_status]
+        .into_iter()
+        .flatten()
+        .find(|s| s.ray_cluster_name.as_deref() == Some(cluster))
+        .and_then(|s| s.target_capacity);
+    Some(recorded.unwrap_or(if first { 100 } else { 0 }))
+}
+
+async fn gateway_api_available(ctx: &Context, ns: &str) -> bool {
+    use std::sync::atomic::Ordering;
+    if ctx.gateway_api.load(Ordering::Relaxed) {
+        return true;
+    }
+    let routes: Api<gateway_api::httproutes::HttpRoute> = Api::namespaced(ctx.client.clone(), ns);
+    let ok = routes.list(&ListParams::default().limit(1)).await.is_ok();
+    ctx.gateway_api.store(ok, Ordering::Relaxed);
+    ok
+}
+
+/// The REP's key requirement: no Gateway API, no crash, a clear condition and event.
+async fn gateway_api_missing(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses) -> Result<Action> {
+    let message = "NewClusterWithIncrementalUpgrade needs the Gateway API (gateway.networking.k8s.io/v1 Gateway and HTTPRoute CRDs) and a Gateway controller; install them or use NewCluster";
+    let mut status = previous.clone();
+    let wanted = [Wanted::new(conditions::READY, false, reason::GATEWAY_API_UNAVAILABLE, message)];
+    status.conditions = Some(conditions::merge(previous.conditions.as_deref().unwrap_or_default(), &wanted, &[], rs.metadata.generation.unwrap_or_default(), &Time(Timestamp::now())));
+    if conditions::status_changed(Some(previous), &status) {
+        ctx.event(rs, EventType::Warning, "GatewayAPIUnavailable", "Reconcile", message.to_string()).await;
+        write_status(rs, ctx, &status).await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(60)))
 }
 
 fn app_statuses(serve: &ServeStatus) -> BTreeMap<String, AppStatus> {

@@ -42,6 +42,13 @@ pub struct ControllerArgs {
     /// Re-read Serve status this often when settled (writes only on change).
     #[arg(long, default_value_t = 60.0)]
     resync_interval_seconds: f64,
+    /// Move traffic without waiting for Gateway/HTTPRoute status (Gateway controllers that publish none).
+    #[arg(long)]
+    skip_gateway_status_check: bool,
+    /// Roll an incremental upgrade back when no step succeeded for this long (annotation
+    /// rayshift.io/progress-deadline-seconds overrides it).
+    #[arg(long, default_value_t = 600)]
+    progress_deadline_seconds: i64,
 }
 
 impl ControllerArgs {
@@ -52,6 +59,8 @@ impl ControllerArgs {
             feature_gates: gates,
             serve_poll_interval: Duration::from_secs_f64(self.serve_poll_interval_seconds.max(0.05)),
             resync_interval: Duration::from_secs_f64(self.resync_interval_seconds.max(1.0)),
+            skip_gateway_status_check: self.skip_gateway_status_check,
+            progress_deadline_seconds: self.progress_deadline_seconds.max(1),
             ..ControllerOptions::default()
         }
     }
