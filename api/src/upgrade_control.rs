@@ -19,7 +19,11 @@ pub enum Control {
 
 /// The control annotation; unknown values (and `resume`) mean run normally.
 pub fn control(annotations: &BTreeMap<String, String>) -> Control {
-    match annotations.get(UPGRADE_CONTROL_ANNOTATION).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+    match annotations
+        .get(UPGRADE_CONTROL_ANNOTATION)
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
         Some("pause") => Control::Pause,
         Some("promote") => Control::Promote,
         Some("abort") => Control::Abort,
@@ -29,7 +33,11 @@ pub fn control(annotations: &BTreeMap<String, String>) -> Control {
 
 /// The progress deadline in seconds: the annotation, else the operator default.
 pub fn progress_deadline(annotations: &BTreeMap<String, String>, default: i64) -> i64 {
-    annotations.get(PROGRESS_DEADLINE_ANNOTATION).and_then(|v| v.trim().parse::<i64>().ok()).filter(|v| *v > 0).unwrap_or(default)
+    annotations
+        .get(PROGRESS_DEADLINE_ANNOTATION)
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .filter(|v| *v > 0)
+        .unwrap_or(default)
 }
 
 /// Replicas Serve runs for a deployment of `declared` replicas at `capacity` percent: rounded half up,

@@ -104,9 +104,14 @@ impl ServeStatus {
         let taken = self.target_capacity.map(|c| c.round() as i32) == Some(capacity);
         taken
             && self.all_running()
-            && self.applications.values().flat_map(|a| a.deployments.values()).all(|d| {
-                d.running_replicas() as u64 >= rayshift_api::upgrade_control::implied_replicas(d.declared_replicas(), capacity)
-            })
+            && self
+                .applications
+                .values()
+                .flat_map(|a| a.deployments.values())
+                .all(|d| {
+                    d.running_replicas() as u64
+                        >= rayshift_api::upgrade_control::implied_replicas(d.declared_replicas(), capacity)
+                })
     }
 }
 

@@ -37,6 +37,10 @@ pub const PROGRESSING: &str = "Progressing";
 const ABORT_FIELD: &str = "upgradeAbort";
 const REJECTED_FIELD: &str = "rejectedSpecDigest";
 const LAST_PROGRESS_FIELD: &str = "lastProgressTime";
+/// How long before a traffic step is due the pass that makes it starts.
+const STEP_LEAD_MS: i64 = 250;
+/// `lastTrafficMigratedTime` is a metav1.Time (whole seconds); exact pacing needs the sub-second instant.
+const LAST_STEP_FIELD: &str = "lastTrafficStepTime";
 
 /// What the incremental pass needs from the reconcile that calls it.
 pub struct Pass<'a> {
@@ -65,7 +69,11 @@ pub fn cluster_serve_service(cluster: &str) -> String {
 
 /// The spec digest rolled back on purpose (abort, deadline), if any.
 pub fn rejected_spec(status: &RayServiceStatuses) -> Option<String> {
-    status.extra.get(REJECTED_FIELD).and_then(Value::as_str).map(str::to_string)
+    status
+        .extra
+        .get(REJECTED_FIELD)
+        .and_then(Value::as_str)
+        .map(str::to_string)
 }
 
 /// Levels of one side, with KubeRay's defaults.
@@ -74,21 +82,33 @@ fn levels(side: Option<&ClusterServiceStatus>, role: Role) -> Levels {
 }
 
 fn time(side: Option<&ClusterServiceStatus>) -> Option<Timestamp> {
-    side.and_then(|s| s.last_traffic_migrated_time.as_ref()).map(|t| t.0)
+    side.and_then(|s| s.last_traffic_migrated_time.as_ref())
+        .map(|t| t.0)
 }
 
 /// Runs after the cluster lifecycle; edits `status` in place and returns when to come back.
 pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Option<Duration>> {
-    let Some(options) = p.rs.spec.cluster_upgrade_options().and_then(UpgradeOptions::from_spec) else {
-        return Err(Error::Invalid("clusterUpgradeOptions cannot make progress".into()));
+    let Some(options) =
+        p.rs.spec
+            .cluster_upgrade_options()
+            .and_then(UpgradeOptions::from_spec)
+    else {
+        return Err(Error::Invalid(
+            "clusterUpgradeOptions cannot make progress".into(),
+        ));
     };
     // Fresh sides start where KubeRay starts them: a first cluster at full capacity, a new pending one at 0.
-    let first = status.active_service_status.as_ref().and_then(|a| a.ray_cluster_name.as_ref()).is_none();
+    let first = status
+        .active_service_status
+        .as_ref()
+        .and_then(|a| a.ray_cluster_name.as_ref())
+        .is_none();
     if let Some(pending) = status.pending_service_status.as_mut()
-        && pending.target_capacity.is_none() {
-            pending.target_capacity = Some(if first { 100 } else { 0 });
-            pending.traffic_routed_percent = Some(if first { 100 } else { 0 });
-        }
+        && pending.target_capacity.is_none()
+    {
+        pending.target_capacity = Some(if first { 100 } else { 0 });
+        pending.traffic_routed_percent = Some(if first { 100 } else { 0 });
+    }
     if let Some(active) = status.active_service_status.as_mut() {
         active.target_capacity.get_or_insert(100);
         active.traffic_routed_percent.get_or_insert(100);
@@ -120,7 +140,13 @@ async fn step(
     let pending_digest = pending.annotations().get(SPEC_HASH_ANNOTATION).cloned();
     // Abort and deadline make a rollback stick until it finishes.
     if control == Control::Abort && !status.extra.contains_key(ABORT_FIELD) {
-        abort(p, status, "UpgradeAborted", "aborted by the rayshift.io/upgrade-control annotation").await;
+        abort(
+            p,
+            status,
+            "UpgradeAborted",
+            "aborted by the rayshift.io/upgrade-control annotation",
+        )
+        .await;
     }
     let deadline = upgrade_control::progress_deadline(annotations, p.ctx.options.progress_deadline_seconds);
     // The deadline counts from the last successful step (or from when rayshift first saw the upgrade).
@@ -130,22 +156,48 @@ async fn step(
         .and_then(Value::as_str)
         .and_then(|t| t.parse::<Timestamp>().ok())
         .unwrap_or(p.now);
-    status.extra.entry(LAST_PROGRESS_FIELD.to_string()).or_insert_with(|| Value::from(p.now.to_string()));
+    status
+        .extra
+        .entry(LAST_PROGRESS_FIELD.to_string())
+        .or_insert_with(|| Value::from(p.now.to_string()));
     let aborted = status.extra.contains_key(ABORT_FIELD);
     let forward = !aborted && pending_digest.as_deref() == Some(p.goal_spec);
     if forward
         && control != Control::Pause
         && p.now.duration_since(last_progress_time) > SignedDuration::from_secs(deadline)
     {
-        abort(p, status, "ProgressDeadlineExceeded", &format!("no upgrade step succeeded for {deadline} s")).await;
+        abort(
+            p,
+            status,
+            "ProgressDeadlineExceeded",
+            &format!("no upgrade step succeeded for {deadline} s"),
+        )
+        .await;
     }
     let aborted = status.extra.contains_key(ABORT_FIELD);
-    let direction = if !aborted && pending_digest.as_deref() == Some(p.goal_spec) { Direction::Forward } else { Direction::Rollback };
+    let direction = if !aborted && pending_digest.as_deref() == Some(p.goal_spec) {
+        Direction::Forward
+    } else {
+        Direction::Rollback
+    };
     set_rollback_condition(p, status, direction);
 
     let a = levels(status.active_service_status.as_ref(), Role::Active);
     let pl = levels(status.pending_service_status.as_ref(), Role::Pending);
-    let last_step = [time(status.active_service_status.as_ref()), time(status.pending_service_status.as_ref())].into_iter().flatten().max();
+    let precise = status
+        .extra
+        .get(LAST_STEP_FIELD)
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse::<Timestamp>().ok());
+    let last_step = precise.or_else(|| {
+        [
+            time(status.active_service_status.as_ref()),
+            time(status.pending_service_status.as_ref()),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+    });
     let observed = Observed {
         active: a,
         pending: pl,
@@ -159,31 +211,98 @@ async fn step(
         hurry: control == Control::Promote,
         now: p.now,
     };
-    let action = upgrade::next_action(options, &observed);
+    let mut action = upgrade::next_action(options, &observed);
+    // Exact pacing: the pass wakes a little before a step is due (observing takes a few API calls),
+    // then writes the weights at the due instant, on observations a few hundred milliseconds old at most.
+    if let Action::Wait {
+        until: Some(due),
+        reason: WaitReason::Interval,
+    } = action
+    {
+        let left = due.duration_since(Timestamp::now());
+        if left <= SignedDuration::from_millis(STEP_LEAD_MS) {
+            if left.is_positive() {
+                tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64())).await;
+            }
+            action = upgrade::next_action(options, &Observed { now: due, ..observed });
+        }
+    }
     let ns = p.ns;
     match action {
         Action::Wait { until, reason } => {
+            let paused_before = was_paused(status);
             set_progressing(p, status, Some(reason));
-            if reason == WaitReason::Paused && !was_paused(status) {
-                p.ctx.event(p.rs, EventType::Normal, "UpgradePaused", "Reconcile", "Incremental upgrade paused by rayshift.io/upgrade-control".into()).await;
+            if reason == WaitReason::Paused && !paused_before {
+                p.ctx
+                    .event(
+                        p.rs,
+                        EventType::Normal,
+                        "UpgradePaused",
+                        "Reconcile",
+                        "Incremental upgrade paused by rayshift.io/upgrade-control".into(),
+                    )
+                    .await;
             }
             return Ok(Some(match until {
-                Some(t) => Duration::from_secs_f64(t.duration_since(p.now).as_secs_f64().max(0.0)),
+                Some(t) => {
+                    let wake =
+                        t.duration_since(Timestamp::now()).as_secs_f64() - STEP_LEAD_MS as f64 / 1000.0;
+                    Duration::from_secs_f64(wake.max(0.0))
+                }
                 None => p.ctx.options.serve_poll_interval,
             }));
         }
         Action::SetTargetCapacity { role, percent } => {
             let cluster = if role == Role::Active { active } else { pending };
+            // Serve must be up on that cluster (and hold its config) before its capacity can change.
+            let reachable = if role == Role::Active {
+                p.active_serve.is_some()
+            } else {
+                p.pending_serve.is_some()
+            };
+            if !reachable {
+                let reason = if role == Role::Active {
+                    WaitReason::ActiveCapacityNotReady
+                } else {
+                    WaitReason::PendingCapacityNotReady
+                };
+                set_progressing(p, status, Some(reason));
+                return Ok(Some(p.ctx.options.serve_poll_interval));
+            }
             set_capacity(p, cluster, percent).await?;
-            let side = if role == Role::Active { &mut status.active_service_status } else { &mut status.pending_service_status };
+            let side = if role == Role::Active {
+                &mut status.active_service_status
+            } else {
+                &mut status.pending_service_status
+            };
             if let Some(s) = side.as_mut() {
                 s.target_capacity = Some(percent);
             }
-            p.ctx.event(p.rs, EventType::Normal, "UpdatedServeTargetCapacity", "Update",
-                format!("Set target_capacity of {} RayCluster {ns}/{} to {percent}%", role.as_str(), cluster.name_any())).await;
+            p.ctx
+                .event(
+                    p.rs,
+                    EventType::Normal,
+                    "UpdatedServeTargetCapacity",
+                    "Update",
+                    format!(
+                        "Set target_capacity of {} RayCluster {ns}/{} to {percent}%",
+                        role.as_str(),
+                        cluster.name_any()
+                    ),
+                )
+                .await;
         }
-        Action::SetTraffic { active: wa, pending: wp } => {
-            let stamp = Some(Time(p.now));
+        Action::SetTraffic {
+            active: wa,
+            pending: wp,
+        } => {
+            // Stamped when the weights are written, not when the pass began: the next step is due an
+            // interval after the traffic really moved.
+            let written = Timestamp::now();
+            let stamp = Some(Time(written));
+            status
+                .extra
+                .insert(LAST_STEP_FIELD.into(), Value::from(written.to_string()));
             if let Some(s) = status.active_service_status.as_mut() {
                 s.traffic_routed_percent = Some(wa);
                 s.last_traffic_migrated_time = stamp.clone();
@@ -193,8 +312,19 @@ async fn step(
                 s.last_traffic_migrated_time = stamp;
             }
             apply_route(p, status).await?;
-            p.ctx.event(p.rs, EventType::Normal, "UpdatedHTTPRoute", "Update",
-                format!("Moved traffic: {} {wa}%, {} {wp}%", active.name_any(), pending.name_any())).await;
+            p.ctx
+                .event(
+                    p.rs,
+                    EventType::Normal,
+                    "UpdatedHTTPRoute",
+                    "Update",
+                    format!(
+                        "Moved traffic: {} {wa}%, {} {wp}%",
+                        active.name_any(),
+                        pending.name_any()
+                    ),
+                )
+                .await;
         }
         Action::Promote => {
             let mut promoted = status.pending_service_status.take().unwrap_or_default();
@@ -202,9 +332,21 @@ async fn step(
             promoted.traffic_routed_percent = Some(100);
             status.active_service_status = Some(promoted);
             status.extra.remove(LAST_PROGRESS_FIELD);
+            status.extra.remove(LAST_STEP_FIELD);
             status.extra.remove(REJECTED_FIELD);
-            p.ctx.event(p.rs, EventType::Normal, "Promoted", "Reconcile",
-                format!("Promoted RayCluster {ns}/{}: it serves all traffic now; {} will be deleted", pending.name_any(), active.name_any())).await;
+            p.ctx
+                .event(
+                    p.rs,
+                    EventType::Normal,
+                    "Promoted",
+                    "Reconcile",
+                    format!(
+                        "Promoted RayCluster {ns}/{}: it serves all traffic now; {} will be deleted",
+                        pending.name_any(),
+                        active.name_any()
+                    ),
+                )
+                .await;
         }
         Action::FinishRollback => {
             status.pending_service_status = None;
@@ -213,17 +355,37 @@ async fn step(
                 s.traffic_routed_percent = Some(100);
             }
             if status.extra.remove(ABORT_FIELD).is_some()
-                && let Some(d) = pending_digest {
-                    status.extra.insert(REJECTED_FIELD.into(), Value::from(d));
-                }
+                && let Some(d) = pending_digest
+            {
+                status.extra.insert(REJECTED_FIELD.into(), Value::from(d));
+            }
             status.extra.remove(LAST_PROGRESS_FIELD);
+            status.extra.remove(LAST_STEP_FIELD);
             let conds = status.conditions.take().unwrap_or_default();
-            status.conditions = Some(conditions::merge(&conds, &[], &[conditions::ROLLBACK_IN_PROGRESS], generation(p), &Time(p.now)));
-            p.ctx.event(p.rs, EventType::Normal, "RolledBack", "Reconcile",
-                format!("Rollback complete: all traffic and capacity are back on RayCluster {ns}/{}", active.name_any())).await;
+            status.conditions = Some(conditions::merge(
+                &conds,
+                &[],
+                &[conditions::ROLLBACK_IN_PROGRESS],
+                generation(p),
+                &Time(p.now),
+            ));
+            p.ctx
+                .event(
+                    p.rs,
+                    EventType::Normal,
+                    "RolledBack",
+                    "Reconcile",
+                    format!(
+                        "Rollback complete: all traffic and capacity are back on RayCluster {ns}/{}",
+                        active.name_any()
+                    ),
+                )
+                .await;
         }
     }
-    status.extra.insert(LAST_PROGRESS_FIELD.into(), Value::from(p.now.to_string()));
+    status
+        .extra
+        .insert(LAST_PROGRESS_FIELD.into(), Value::from(p.now.to_string()));
     set_progressing(p, status, None);
     // Act again at once: the next decision needs fresh observations.
     Ok(Some(Duration::from_millis(20)))
@@ -234,12 +396,27 @@ fn generation(p: &Pass<'_>) -> i64 {
 }
 
 fn was_paused(status: &RayServiceStatuses) -> bool {
-    status.conditions.iter().flatten().any(|c| c.type_ == PROGRESSING && c.reason == WaitReason::Paused.as_str())
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == PROGRESSING && c.reason == WaitReason::Paused.as_str())
 }
 
 async fn abort(p: &Pass<'_>, status: &mut RayServiceStatuses, reason: &str, message: &str) {
-    status.extra.insert(ABORT_FIELD.into(), json!({"reason": reason, "message": message, "time": p.now.to_string()}));
-    p.ctx.event(p.rs, EventType::Warning, reason, "Reconcile", format!("Rolling back the incremental upgrade: {message}")).await;
+    status.extra.insert(
+        ABORT_FIELD.into(),
+        json!({"reason": reason, "message": message, "time": p.now.to_string()}),
+    );
+    p.ctx
+        .event(
+            p.rs,
+            EventType::Warning,
+            reason,
+            "Reconcile",
+            format!("Rolling back the incremental upgrade: {message}"),
+        )
+        .await;
 }
 
 fn set_rollback_condition(p: &Pass<'_>, status: &mut RayServiceStatuses, direction: Direction) {
@@ -247,28 +424,63 @@ fn set_rollback_condition(p: &Pass<'_>, status: &mut RayServiceStatuses, directi
     let merged = if direction == Direction::Rollback {
         let (reason, message) = match status.extra.get(ABORT_FIELD) {
             Some(a) => (
-                if a["reason"] == "ProgressDeadlineExceeded" { "ProgressDeadlineExceeded" } else { "UpgradeAborted" },
+                if a["reason"] == "ProgressDeadlineExceeded" {
+                    "ProgressDeadlineExceeded"
+                } else {
+                    "UpgradeAborted"
+                },
                 a["message"].as_str().unwrap_or("rolling back").to_string(),
             ),
-            None => ("DesiredClusterSpecChanged", "Goal state changed mid-upgrade, rolling back to original cluster.".to_string()),
+            None => (
+                "DesiredClusterSpecChanged",
+                "Goal state changed mid-upgrade, rolling back to original cluster.".to_string(),
+            ),
         };
-        conditions::merge(&conds, &[Wanted::new(conditions::ROLLBACK_IN_PROGRESS, true, reason, message)], &[], generation(p), &Time(p.now))
+        conditions::merge(
+            &conds,
+            &[Wanted::new(
+                conditions::ROLLBACK_IN_PROGRESS,
+                true,
+                reason,
+                message,
+            )],
+            &[],
+            generation(p),
+            &Time(p.now),
+        )
     } else {
-        conditions::merge(&conds, &[], &[conditions::ROLLBACK_IN_PROGRESS], generation(p), &Time(p.now))
+        conditions::merge(
+            &conds,
+            &[],
+            &[conditions::ROLLBACK_IN_PROGRESS],
+            generation(p),
+            &Time(p.now),
+        )
     };
     status.conditions = Some(merged);
 }
 
 /// `Progressing`: True while steps happen on schedule, False with the reason when the upgrade waits.
 fn set_progressing(p: &Pass<'_>, status: &mut RayServiceStatuses, waiting: Option<WaitReason>) {
-    let upgrading = status.pending_service_status.as_ref().and_then(|s| s.ray_cluster_name.as_ref()).is_some()
-        && status.active_service_status.as_ref().and_then(|s| s.ray_cluster_name.as_ref()).is_some();
+    let upgrading = status
+        .pending_service_status
+        .as_ref()
+        .and_then(|s| s.ray_cluster_name.as_ref())
+        .is_some()
+        && status
+            .active_service_status
+            .as_ref()
+            .and_then(|s| s.ray_cluster_name.as_ref())
+            .is_some();
     let conds: Vec<Condition> = status.conditions.take().unwrap_or_default();
     let wanted = match (upgrading, waiting) {
         (false, _) => None,
-        (true, Some(WaitReason::Interval)) | (true, None) => {
-            Some(Wanted::new(PROGRESSING, true, "StepsOnSchedule", "The incremental upgrade is moving step by step"))
-        }
+        (true, Some(WaitReason::Interval)) | (true, None) => Some(Wanted::new(
+            PROGRESSING,
+            true,
+            "StepsOnSchedule",
+            "The incremental upgrade is moving step by step",
+        )),
         (true, Some(r)) => Some(Wanted::new(PROGRESSING, false, r.as_str(), waiting_message(r))),
     };
     let merged = match wanted {
@@ -280,9 +492,15 @@ fn set_progressing(p: &Pass<'_>, status: &mut RayServiceStatuses, waiting: Optio
 
 fn waiting_message(r: WaitReason) -> &'static str {
     match r {
-        WaitReason::RouteNotReady => "Waiting for the Gateway (Accepted, Programmed) and the HTTPRoute (Accepted, ResolvedRefs) to report the current generation",
-        WaitReason::PendingCapacityNotReady => "Waiting for the pending cluster's Serve replicas for its target_capacity to be RUNNING before moving traffic",
-        WaitReason::ActiveCapacityNotReady => "Waiting for the active cluster's Serve replicas for its target_capacity to be RUNNING before moving traffic back",
+        WaitReason::RouteNotReady => {
+            "Waiting for the Gateway (Accepted, Programmed) and the HTTPRoute (Accepted, ResolvedRefs) to report the current generation"
+        }
+        WaitReason::PendingCapacityNotReady => {
+            "Waiting for the pending cluster's Serve replicas for its target_capacity to be RUNNING before moving traffic"
+        }
+        WaitReason::ActiveCapacityNotReady => {
+            "Waiting for the active cluster's Serve replicas for its target_capacity to be RUNNING before moving traffic back"
+        }
         WaitReason::Paused => "Paused by the rayshift.io/upgrade-control annotation",
         WaitReason::Interval => "Waiting for the next interval",
     }
@@ -295,10 +513,25 @@ async fn set_capacity(p: &Pass<'_>, cluster: &RayCluster, percent: i32) -> Resul
         .annotations()
         .get(SERVE_CONFIG_ANNOTATION)
         .cloned()
-        .or_else(|| (cluster.annotations().get(SPEC_HASH_ANNOTATION).map(String::as_str) == Some(p.goal_spec)).then(|| p.rs.spec.serve_config_v2.clone().unwrap_or_default()))
-        .ok_or_else(|| Error::Invalid(format!("the Serve config RayCluster {} runs is unknown", cluster.name_any())))?;
+        .or_else(|| {
+            (cluster
+                .annotations()
+                .get(SPEC_HASH_ANNOTATION)
+                .map(String::as_str)
+                == Some(p.goal_spec))
+            .then(|| p.rs.spec.serve_config_v2.clone().unwrap_or_default())
+        })
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "the Serve config RayCluster {} runs is unknown",
+                cluster.name_any()
+            ))
+        })?;
     let config = dashboard::serve_config_json(&text, Some(percent))?;
-    p.ctx.dashboard.put_config(p.ns, &cluster.name_any(), &config).await
+    p.ctx
+        .dashboard
+        .put_config(p.ns, &cluster.name_any(), &config)
+        .await
 }
 
 async fn apply_cluster_serve_service(p: &Pass<'_>, cluster: &RayCluster) -> Result<()> {
@@ -316,14 +549,23 @@ async fn apply_cluster_serve_service(p: &Pass<'_>, cluster: &RayCluster) -> Resu
 async fn apply_gateway(p: &Pass<'_>, options: &UpgradeOptions) -> Result<()> {
     let _ = options;
     let rs_name = p.rs.name_any();
-    let class = p.rs.spec.cluster_upgrade_options().and_then(|o| o.gateway_class_name.clone()).unwrap_or_default();
+    let class =
+        p.rs.spec
+            .cluster_upgrade_options()
+            .and_then(|o| o.gateway_class_name.clone())
+            .unwrap_or_default();
     let gateway: Gateway = serde_json::from_value(json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
         "metadata": {"name": gateway_name(&rs_name), "namespace": p.ns, "ownerReferences": [children::owner_reference(p.rs)]},
         "spec": {"gatewayClassName": class, "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}
     }))
     .expect("a well-formed Gateway");
-    apply_typed(p, "Gateway", serde_json::to_value(&gateway).expect("Gateways serialize")).await
+    apply_typed(
+        p,
+        "Gateway",
+        serde_json::to_value(&gateway).expect("Gateways serialize"),
+    )
+    .await
 }
 
 /// The route from the status' weights: the active cluster, and the pending one while it exists.
@@ -331,13 +573,24 @@ async fn apply_route(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<()> {
     let rs_name = p.rs.name_any();
     let port = children::serve_port(p.rs);
     let mut backends = Vec::new();
-    for side in [&status.active_service_status, &status.pending_service_status].into_iter().flatten() {
-        let Some(name) = side.ray_cluster_name.as_ref() else { continue };
-        if [p.active, p.pending].into_iter().flatten().all(|c| &c.name_any() != name) {
+    for side in [&status.active_service_status, &status.pending_service_status]
+        .into_iter()
+        .flatten()
+    {
+        let Some(name) = side.ray_cluster_name.as_ref() else {
+            continue;
+        };
+        if [p.active, p.pending]
+            .into_iter()
+            .flatten()
+            .all(|c| &c.name_any() != name)
+        {
             continue;
         }
-        backends.push(json!({"group": "", "kind": "Service", "name": cluster_serve_service(name), "namespace": p.ns,
-                             "port": port, "weight": side.traffic_routed_percent.unwrap_or(0)}));
+        backends.push(
+            json!({"group": "", "kind": "Service", "name": cluster_serve_service(name), "namespace": p.ns,
+                             "port": port, "weight": side.traffic_routed_percent.unwrap_or(0)}),
+        );
     }
     let route: HttpRoute = serde_json::from_value(json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
@@ -348,7 +601,12 @@ async fn apply_route(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<()> {
         }
     }))
     .expect("a well-formed HTTPRoute");
-    apply_typed(p, "HTTPRoute", serde_json::to_value(&route).expect("routes serialize")).await
+    apply_typed(
+        p,
+        "HTTPRoute",
+        serde_json::to_value(&route).expect("routes serialize"),
+    )
+    .await
 }
 
 async fn apply_typed(p: &Pass<'_>, kind: &str, body: Value) -> Result<()> {
@@ -358,14 +616,22 @@ async fn apply_typed(p: &Pass<'_>, kind: &str, body: Value) -> Result<()> {
     let existing_digest = |a: &BTreeMap<String, String>| a.get(children::APPLIED_ANNOTATION) == Some(&digest);
     if kind == "Gateway" {
         let api: Api<Gateway> = Api::namespaced(p.ctx.client.clone(), p.ns);
-        if api.get_opt(&name).await?.is_some_and(|g| existing_digest(g.annotations())) {
+        if api
+            .get_opt(&name)
+            .await?
+            .is_some_and(|g| existing_digest(g.annotations()))
+        {
             return Ok(());
         }
         p.ctx.metrics.api_write(kind, "apply");
         api.patch(&name, &pp, &Patch::Apply(&body)).await?;
     } else {
         let api: Api<HttpRoute> = Api::namespaced(p.ctx.client.clone(), p.ns);
-        if api.get_opt(&name).await?.is_some_and(|r| existing_digest(r.annotations())) {
+        if api
+            .get_opt(&name)
+            .await?
+            .is_some_and(|r| existing_digest(r.annotations()))
+        {
             return Ok(());
         }
         p.ctx.metrics.api_write(kind, "apply");
@@ -379,14 +645,31 @@ async fn route_ready(p: &Pass<'_>) -> Result<bool> {
     let rs_name = p.rs.name_any();
     let gateways: Api<Gateway> = Api::namespaced(p.ctx.client.clone(), p.ns);
     let routes: Api<HttpRoute> = Api::namespaced(p.ctx.client.clone(), p.ns);
-    let Some(gw) = gateways.get_opt(&gateway_name(&rs_name)).await? else { return Ok(false) };
-    let Some(route) = routes.get_opt(&route_name(&rs_name)).await? else { return Ok(false) };
-    let true_ = |conds: &[Condition], t: &str, generation: Option<i64>| {
-        conds.iter().any(|c| c.type_ == t && c.status == "True" && (c.observed_generation.is_none() || c.observed_generation == generation))
+    let Some(gw) = gateways.get_opt(&gateway_name(&rs_name)).await? else {
+        return Ok(false);
     };
-    let gw_conditions = gw.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
-    let gw_ok = true_(&gw_conditions, "Accepted", gw.metadata.generation) && true_(&gw_conditions, "Programmed", gw.metadata.generation);
-    let parents = route.status.as_ref().map(|s| s.parents.clone()).unwrap_or_default();
+    let Some(route) = routes.get_opt(&route_name(&rs_name)).await? else {
+        return Ok(false);
+    };
+    let true_ = |conds: &[Condition], t: &str, generation: Option<i64>| {
+        conds.iter().any(|c| {
+            c.type_ == t
+                && c.status == "True"
+                && (c.observed_generation.is_none() || c.observed_generation == generation)
+        })
+    };
+    let gw_conditions = gw
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let gw_ok = true_(&gw_conditions, "Accepted", gw.metadata.generation)
+        && true_(&gw_conditions, "Programmed", gw.metadata.generation);
+    let parents = route
+        .status
+        .as_ref()
+        .map(|s| s.parents.clone())
+        .unwrap_or_default();
     let route_ok = parents.iter().any(|parent| {
         parent.parent_ref.name == gateway_name(&rs_name)
             && true_(&parent.conditions, "Accepted", route.metadata.generation)

@@ -80,18 +80,25 @@ pub async fn run(
     };
     // Gateway API objects are watched only where the CRDs exist (the REP: blue/green must work without).
     let routes = api::<gateway_api::httproutes::HttpRoute>(&client, ns);
-    let gateway_api = routes.list(&kube::api::ListParams::default().limit(1)).await.is_ok();
-    ctx.gateway_api.store(gateway_api, std::sync::atomic::Ordering::Relaxed);
+    let gateway_api = routes
+        .list(&kube::api::ListParams::default().limit(1))
+        .await
+        .is_ok();
+    ctx.gateway_api
+        .store(gateway_api, std::sync::atomic::Ordering::Relaxed);
     if !gateway_api {
-        tracing::warn!("Gateway API CRDs not found: NewClusterWithIncrementalUpgrade RayServices will wait with a condition");
+        tracing::warn!(
+            "Gateway API CRDs not found: NewClusterWithIncrementalUpgrade RayServices will wait with a condition"
+        );
     }
     let mut controller = Controller::new(services, watcher::Config::default())
         .owns(api::<RayCluster>(&client, ns), owned.clone())
         .owns(api::<Service>(&client, ns), owned);
     if gateway_api {
-        controller = controller
-            .owns(routes, watcher::Config::default())
-            .owns(api::<gateway_api::gateways::Gateway>(&client, ns), watcher::Config::default());
+        controller = controller.owns(routes, watcher::Config::default()).owns(
+            api::<gateway_api::gateways::Gateway>(&client, ns),
+            watcher::Config::default(),
+        );
     }
     controller
         .watches(

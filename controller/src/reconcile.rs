@@ -112,7 +112,14 @@ impl Context {
         self.serve_cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) async fn event(&self, rs: &RayService, type_: EventType, reason: &str, action: &str, note: String) {
+    pub(crate) async fn event(
+        &self,
+        rs: &RayService,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_,
             reason: reason.into(),
@@ -140,12 +147,23 @@ struct Seen {
     dashboard_error: Option<String>,
 }
 
-pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
+    if !ctx.owns(&cached) {
+        return Ok(Action::await_change());
+    }
+    let ns = cached.namespace().unwrap_or_default();
+    // Read the RayService itself: the watch cache can lag behind this controller's own last status
+    // write, and acting on a stale status would move route weights backwards.
+    let Some(rs) = Api::<RayService>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&cached.name_any())
+        .await?
+    else {
+        return Ok(Action::await_change());
+    };
     if !ctx.owns(&rs) {
         return Ok(Action::await_change());
     }
-    let ns = rs.namespace().unwrap_or_default();
     if rs.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove clusters and Services.
         ctx.cache()
@@ -217,7 +235,9 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         now,
         new_name: children::cluster_name(&rs.name_any()),
         incremental,
-        rejected_spec: incremental.then(|| crate::incremental::rejected_spec(&previous)).flatten(),
+        rejected_spec: incremental
+            .then(|| crate::incremental::rejected_spec(&previous))
+            .flatten(),
     };
     let decision = lifecycle::decide(&facts);
     apply_cluster_actions(&rs, &ctx, &clusters_api, &decision, &seen, incremental).await?;
@@ -225,9 +245,14 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
     // Serve config goes only to the clusters built from the current spec.
     let mut pushed = false;
     for target in &decision.config_targets {
-        if let Some(s) = seen.get(target).filter(|s| s.head_ready && s.dashboard_error.is_none()) {
+        if let Some(s) = seen
+            .get(target)
+            .filter(|s| s.head_ready && s.dashboard_error.is_none())
+        {
             // In incremental mode the config carries the cluster's target_capacity (a new pending cluster: 0).
-            let capacity = incremental.then(|| target_capacity(&previous, target, decision.active.is_none())).flatten();
+            let capacity = incremental
+                .then(|| target_capacity(&previous, target, decision.active.is_none()))
+                .flatten();
             pushed |= push_serve_config(&rs, &ctx, &ns, &s.cluster, capacity, s.serve.as_ref()).await?;
         }
     }
@@ -261,7 +286,15 @@ pub async fn reconcile(rs: Arc<RayService>, ctx: Arc<Context>) -> Result<Action>
         None => 0,
     };
     let dashboard_problem = seen.values().find_map(|s| s.dashboard_error.clone());
-    let mut status = build_status(&rs, &previous, &decision, &seen, endpoints, dashboard_problem.as_deref(), now);
+    let mut status = build_status(
+        &rs,
+        &previous,
+        &decision,
+        &seen,
+        endpoints,
+        dashboard_problem.as_deref(),
+        now,
+    );
     let mut incremental_wake = None;
     if incremental {
         let cluster = |n: &Option<String>| n.as_ref().and_then(|n| seen.get(n));
@@ -712,13 +745,29 @@ async fn push_serve_config(
             if cluster.annotations().get(SERVE_CONFIG_ANNOTATION) != Some(&text) {
                 let patch = json!({"metadata": {"annotations": {SERVE_CONFIG_ANNOTATION: text}}});
                 ctx.metrics.api_write("RayCluster", "patch");
-                Api::<RayCluster>::namespaced(ctx.client.clone(), ns).patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                Api::<RayCluster>::namespaced(ctx.client.clone(), ns)
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
             }
-            ctx.event(rs, EventType::Normal, "UpdatedServeApplications", "Update", format!("Updated serve applications on RayCluster {ns}/{name}")).await;
+            ctx.event(
+                rs,
+                EventType::Normal,
+                "UpdatedServeApplications",
+                "Update",
+                format!("Updated serve applications on RayCluster {ns}/{name}"),
+            )
+            .await;
             Ok(true)
         }
         Err(e) => {
-            ctx.event(rs, EventType::Warning, "FailedToUpdateServeApplications", "Update", e.to_string()).await;
+            ctx.event(
+                rs,
+                EventType::Warning,
+                "FailedToUpdateServeApplications",
+                "Update",
+                e.to_string(),
+            )
+            .await;
             Err(e)
         }
     }
@@ -746,13 +795,35 @@ async fn gateway_api_available(ctx: &Context, ns: &str) -> bool {
 }
 
 /// The REP's key requirement: no Gateway API, no crash, a clear condition and event.
-async fn gateway_api_missing(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses) -> Result<Action> {
+async fn gateway_api_missing(
+    rs: &RayService,
+    ctx: &Context,
+    previous: &RayServiceStatuses,
+) -> Result<Action> {
     let message = "NewClusterWithIncrementalUpgrade needs the Gateway API (gateway.networking.k8s.io/v1 Gateway and HTTPRoute CRDs) and a Gateway controller; install them or use NewCluster";
     let mut status = previous.clone();
-    let wanted = [Wanted::new(conditions::READY, false, reason::GATEWAY_API_UNAVAILABLE, message)];
-    status.conditions = Some(conditions::merge(previous.conditions.as_deref().unwrap_or_default(), &wanted, &[], rs.metadata.generation.unwrap_or_default(), &Time(Timestamp::now())));
+    let wanted = [Wanted::new(
+        conditions::READY,
+        false,
+        reason::GATEWAY_API_UNAVAILABLE,
+        message,
+    )];
+    status.conditions = Some(conditions::merge(
+        previous.conditions.as_deref().unwrap_or_default(),
+        &wanted,
+        &[],
+        rs.metadata.generation.unwrap_or_default(),
+        &Time(Timestamp::now()),
+    ));
     if conditions::status_changed(Some(previous), &status) {
-        ctx.event(rs, EventType::Warning, "GatewayAPIUnavailable", "Reconcile", message.to_string()).await;
+        ctx.event(
+            rs,
+            EventType::Warning,
+            "GatewayAPIUnavailable",
+            "Reconcile",
+            message.to_string(),
+        )
+        .await;
         write_status(rs, ctx, &status).await?;
     }
     Ok(Action::requeue(Duration::from_secs(60)))
@@ -880,21 +951,48 @@ fn build_status(
 async fn write_status(rs: &RayService, ctx: &Context, status: &RayServiceStatuses) -> Result<()> {
     let mut status = status.clone();
     status.last_update_time = Some(Time(Timestamp::now()));
-    let mut body = serde_json::to_value(&status).expect("status serializes");
-    for side in ["activeServiceStatus", "pendingServiceStatus"] {
-        if body.get(side).is_none() {
-            body[side] = Value::Null;
-        }
-    }
+    let new = serde_json::to_value(&status).expect("status serializes");
+    // A merge patch removes only what it sets to null: compute it against the stored status so that
+    // anything rayshift dropped (a pending side, a finished abort) really goes away.
+    let old = rs
+        .status
+        .as_ref()
+        .map(|s| serde_json::to_value(s).expect("status serializes"))
+        .unwrap_or(Value::Null);
     let api: Api<RayService> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
     ctx.metrics.api_write("RayService", "status");
     api.patch_status(
         &rs.name_any(),
         &PatchParams::default(),
-        &Patch::Merge(&json!({"status": body})),
+        &Patch::Merge(&json!({"status": merge_patch(&old, &new)})),
     )
     .await?;
     Ok(())
+}
+
+/// The RFC 7386 merge patch that turns `old` into `new`.
+pub(crate) fn merge_patch(old: &Value, new: &Value) -> Value {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = serde_json::Map::new();
+            for (k, v) in n {
+                match o.get(k) {
+                    Some(ov) if ov == v => {}
+                    Some(ov) => {
+                        patch.insert(k.clone(), merge_patch(ov, v));
+                    }
+                    None => {
+                        patch.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                patch.insert(k.clone(), Value::Null);
+            }
+            Value::Object(patch)
+        }
+        _ => new.clone(),
+    }
 }
 
 /// Requeue with backoff after an error; the error is logged and counted, never fatal.
@@ -902,4 +1000,22 @@ pub fn error_policy(rs: Arc<RayService>, error: &Error, ctx: Arc<Context>) -> Ac
     ctx.metrics.reconcile_error(error.category());
     tracing::warn!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, "reconcile failed");
     Action::requeue(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::merge_patch;
+
+    #[test]
+    fn merge_patch_removes_what_is_gone() {
+        let old = json!({"a": 1, "pending": {"name": "x"}, "extra": {"abort": {"r": 1}, "keep": 2}});
+        let new = json!({"a": 2, "extra": {"keep": 2}});
+        let patch = merge_patch(&old, &new);
+        assert_eq!(patch, json!({"a": 2, "pending": null, "extra": {"abort": null}}));
+        let mut applied = old.clone();
+        json_patch::merge(&mut applied, &patch);
+        assert_eq!(applied, new);
+    }
 }

@@ -4,5 +4,7 @@
 pub mod cluster;
 pub mod controller;
 pub mod dashboard;
+pub mod gateway;
 pub mod kuberay;
+pub mod observer;
 pub mod webhook;

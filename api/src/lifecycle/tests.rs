@@ -305,8 +305,13 @@ proptest! {
 
 #[test]
 fn incremental_mode_leaves_promotion_and_rollback_to_the_planner() {
-    let mut f = facts(UpgradeType::NewClusterWithIncrementalUpgrade, "b", Some("rs-1"), Some("rs-2"),
-        vec![cluster("rs-1", "a", true), cluster("rs-2", "b", true)]);
+    let mut f = facts(
+        UpgradeType::NewClusterWithIncrementalUpgrade,
+        "b",
+        Some("rs-1"),
+        Some("rs-2"),
+        vec![cluster("rs-1", "a", true), cluster("rs-2", "b", true)],
+    );
     f.incremental = true;
     let d = decide(&f);
     assert_eq!(d.promoted, None, "a ready pending cluster is not promoted here");
@@ -319,14 +324,26 @@ fn incremental_mode_leaves_promotion_and_rollback_to_the_planner() {
     assert!(d.config_targets.is_empty());
     assert!(d.actions.is_empty());
     // The first cluster is still promoted when ready.
-    let mut first = facts(UpgradeType::NewClusterWithIncrementalUpgrade, "a", None, Some("rs-1"), vec![cluster("rs-1", "a", true)]);
+    let mut first = facts(
+        UpgradeType::NewClusterWithIncrementalUpgrade,
+        "a",
+        None,
+        Some("rs-1"),
+        vec![cluster("rs-1", "a", true)],
+    );
     first.incremental = true;
     assert_eq!(decide(&first).promoted.as_deref(), Some("rs-1"));
 }
 
 #[test]
 fn a_rejected_spec_is_not_upgraded_to_again() {
-    let mut f = facts(UpgradeType::NewClusterWithIncrementalUpgrade, "b", Some("rs-1"), None, vec![cluster("rs-1", "a", true)]);
+    let mut f = facts(
+        UpgradeType::NewClusterWithIncrementalUpgrade,
+        "b",
+        Some("rs-1"),
+        None,
+        vec![cluster("rs-1", "a", true)],
+    );
     f.incremental = true;
     f.rejected_spec = Some("spec-b".into());
     let d = decide(&f);

@@ -1,0 +1,527 @@
+//! NewClusterWithIncrementalUpgrade end to end: real kube-apiserver with Gateway API CRDs, fake Ray
+//! dashboard, test code as KubeRay and as the Gateway controller, the real controller process. An observer
+//! checks the invariants on every version of the RayService, HTTPRoute and RayClusters it sees.
+
+mod support;
+
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
+
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use rayshift_api::{RayCluster, RayService};
+use serde_json::{Value, json};
+use support::{
+    cluster::{ControlPlane, control_plane},
+    controller::ControllerProcess,
+    dashboard::FakeDashboard,
+    gateway::GatewayStandIn,
+    kuberay::KubeRayStandIn,
+    observer::Observer,
+};
+
+struct Env {
+    cp: &'static ControlPlane,
+    client: Client,
+    ns: String,
+    dashboard: FakeDashboard,
+    _kuberay: KubeRayStandIn,
+    _gateway: GatewayStandIn,
+    controller: Option<ControllerProcess>,
+}
+
+const GATE: &str = "--feature-gates=RayServiceIncrementalUpgrade=true";
+
+impl Env {
+    async fn new(prefix: &str) -> Self {
+        let cp = control_plane();
+        let client = cp.client().await;
+        assert!(cp.crds_established(&client).await);
+        let ns = cp.namespace(&client, prefix).await;
+        let dashboard = FakeDashboard::start().await;
+        let kuberay = KubeRayStandIn::start(client.clone(), &ns);
+        let gateway = GatewayStandIn::start(client.clone(), &ns);
+        let mut env = Env {
+            cp,
+            client,
+            ns,
+            dashboard,
+            _kuberay: kuberay,
+            _gateway: gateway,
+            controller: None,
+        };
+        env.start_controller();
+        env
+    }
+
+    fn start_controller(&mut self) {
+        self.controller = Some(ControllerProcess::start(
+            self.cp,
+            &self.ns,
+            &self.dashboard.url_template(),
+            &[GATE],
+        ));
+    }
+
+    fn rayservices(&self) -> Api<RayService> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn get(&self) -> RayService {
+        self.rayservices().get("llm").await.unwrap()
+    }
+
+    async fn patch(&self, patch: Value) {
+        self.rayservices()
+            .patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    async fn eventually<T, F, Fut>(&self, what: &str, secs: u64, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            if Instant::now() > deadline {
+                let logs = self.controller.as_ref().map(|c| c.logs()).unwrap_or_default();
+                let tail: Vec<&str> = logs
+                    .lines()
+                    .rev()
+                    .take(30)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                let status = serde_json::to_string_pretty(&self.get().await.status).unwrap();
+                panic!(
+                    "timed out waiting for {what}\nstatus: {status}\n--- controller logs ---\n{}",
+                    tail.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Creates the RayService and waits until its first cluster serves all traffic.
+    async fn deploy(&self, surge: i32, step: i32, interval: i32) -> String {
+        let rs: RayService = serde_json::from_value(rayservice(surge, step, interval, "ray:1")).unwrap();
+        self.rayservices()
+            .create(&PostParams::default(), &rs)
+            .await
+            .unwrap();
+        self.eventually("the first cluster active at 100/100", 60, || async {
+            let s = self.get().await.status?;
+            let a = s.active_service_status?;
+            (a.traffic_routed_percent == Some(100)
+                && a.target_capacity == Some(100)
+                && s.pending_service_status.is_none())
+            .then_some(a.ray_cluster_name?)
+        })
+        .await
+    }
+
+    /// Changes the image: an upgrade starts; returns the pending cluster's name.
+    async fn upgrade_to(&self, image: &str) -> String {
+        self.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head(image)]}}}}}})).await;
+        self.eventually("a pending cluster", 30, || async { pending(&self.get().await) })
+            .await
+    }
+
+    async fn levels(&self) -> ((i32, i32), (i32, i32)) {
+        let s = self.get().await.status.unwrap_or_default();
+        let l = |side: Option<&rayshift_api::rayservice::ClusterServiceStatus>| {
+            side.map_or((0, 0), |s| {
+                (
+                    s.target_capacity.unwrap_or(0),
+                    s.traffic_routed_percent.unwrap_or(0),
+                )
+            })
+        };
+        (
+            l(s.active_service_status.as_ref()),
+            l(s.pending_service_status.as_ref()),
+        )
+    }
+
+    async fn promoted_to(&self, cluster: &str, secs: u64) {
+        self.eventually(&format!("{cluster} promoted"), secs, || async {
+            let rs = self.get().await;
+            (active(&rs).as_deref() == Some(cluster) && pending(&rs).is_none()).then_some(())
+        })
+        .await;
+    }
+
+    fn observe(&self, surge: i64) -> Observer {
+        Observer::start(
+            self.client.clone(),
+            &self.ns,
+            "llm",
+            surge,
+            self.dashboard.clone(),
+        )
+    }
+
+    async fn events(&self) -> Vec<String> {
+        let out = self
+            .cp
+            .kubectl(&["get", "events.events.k8s.io", "-n", &self.ns, "-o", "json"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+}
+
+fn head(image: &str) -> Value {
+    json!({"name": "ray-head", "image": image, "ports": [{"name": "dashboard", "containerPort": 8265}, {"name": "serve", "containerPort": 8000}]})
+}
+
+fn rayservice(surge: i32, step: i32, interval: i32, image: &str) -> Value {
+    json!({
+        "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "llm"},
+        "spec": {
+            "managedBy": "rayshift.io/controller",
+            "rayClusterDeletionDelaySeconds": 2,
+            "upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
+                "gatewayClassName": "test", "maxSurgePercent": surge, "stepSizePercent": step, "intervalSeconds": interval}},
+            "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n    deployments:\n      - name: LLM\n        num_replicas: 10\n",
+            "rayClusterConfig": {
+                "enableInTreeAutoscaling": true,
+                "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [head(image)]}}},
+                "workerGroupSpecs": [{"groupName": "gpu", "replicas": 5, "minReplicas": 0, "maxReplicas": 5,
+                    "template": {"spec": {"containers": [{"name": "ray-worker", "image": image}]}}}]
+            }
+        }
+    })
+}
+
+fn active(rs: &RayService) -> Option<String> {
+    rs.status
+        .as_ref()?
+        .active_service_status
+        .as_ref()?
+        .ray_cluster_name
+        .clone()
+}
+
+fn pending(rs: &RayService) -> Option<String> {
+    rs.status
+        .as_ref()?
+        .pending_service_status
+        .as_ref()?
+        .ray_cluster_name
+        .clone()
+}
+
+fn condition(rs: &RayService, type_: &str) -> Option<(String, String)> {
+    rs.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
+    let env = Env::new("seed").await;
+    let old = env.deploy(20, 5, 1).await;
+    let observer = env.observe(20);
+    let new = env.upgrade_to("ray:2").await;
+    env.promoted_to(&new, 120).await;
+
+    // The new cluster was created with worker replicas unset (it scales from minReplicas).
+    let clusters: Api<RayCluster> = Api::namespaced(env.client.clone(), &env.ns);
+    assert_eq!(
+        clusters.get(&new).await.unwrap().spec.worker_groups()[0].replicas,
+        None
+    );
+    // The old cluster goes after the deletion delay; the Gateway and HTTPRoute stay.
+    env.eventually("old cluster deleted", 30, || async {
+        clusters.get_opt(&old).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let routes: Api<gateway_api::httproutes::HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    let route = routes.get("llm-httproute").await.unwrap();
+    let backends = route.spec.rules.unwrap()[0].backend_refs.clone().unwrap();
+    assert_eq!(backends.len(), 1);
+    assert_eq!(backends[0].name, format!("{new}-serve-svc"));
+    assert_eq!(backends[0].weight, Some(100));
+
+    let violations = observer.violations();
+    assert!(violations.is_empty(), "invariants broken: {violations:#?}");
+    let raises = observer.raises(&new);
+
+    let weights: Vec<i64> = raises.iter().map(|r| r.1).collect();
+    assert_eq!(
+        weights,
+        (5..=100).step_by(5).collect::<Vec<_>>(),
+        "20 traffic steps of 5%"
+    );
+    // Exact pacing: each step lands within interval + 100 ms of the previous one.
+    let gaps: Vec<Duration> = raises.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    let worst = gaps.iter().max().unwrap();
+    let lateness = worst.saturating_sub(Duration::from_secs(1));
+    println!(
+        "pacing: {} steps, worst gap {worst:?}, worst lateness {lateness:?}",
+        gaps.len() + 1
+    );
+    // Watch events reach the observer with a little jitter; the planner itself never steps early.
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(900)),
+        "a step came early: {gaps:?}"
+    );
+    assert!(
+        lateness <= Duration::from_millis(100),
+        "a step was {lateness:?} late: {gaps:?}"
+    );
+    let peak = observer.seen.lock().unwrap().peak_total_capacity;
+    assert_eq!(peak, 120);
+    // Capacity went up on the new cluster with target_capacity in the PUTs.
+    let caps: Vec<f64> = env
+        .dashboard
+        .get(&env.ns, &new)
+        .puts
+        .iter()
+        .filter_map(|p| p["target_capacity"].as_f64())
+        .collect();
+    assert_eq!(caps, vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
+    let old_caps: Vec<f64> = env
+        .dashboard
+        .get(&env.ns, &old)
+        .puts
+        .iter()
+        .filter_map(|p| p["target_capacity"].as_f64())
+        .collect();
+    assert_eq!(
+        old_caps,
+        vec![100.0, 80.0, 60.0, 40.0, 20.0, 0.0],
+        "the old cluster kept its own config"
+    );
+    let events = env.events().await;
+    for reason in ["UpdatedServeTargetCapacity", "UpdatedHTTPRoute", "Promoted"] {
+        assert!(events.iter().any(|e| e == reason), "{reason} missing: {events:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_waits_for_verified_pending_capacity() {
+    let env = Env::new("capacity").await;
+    env.deploy(50, 25, 1).await;
+    let observer = env.observe(50);
+    // New clusters run no replica beyond one until released.
+    env.dashboard.new_clusters.lock().unwrap().max_running = Some(0);
+    let new = env.upgrade_to("ray:2").await;
+    env.eventually("pending capacity raised to 50", 30, || async {
+        (env.levels().await.1.0 == 50).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        env.levels().await.1.1,
+        0,
+        "no traffic moved onto unverified capacity"
+    );
+    let rs = env.get().await;
+    assert_eq!(
+        condition(&rs, "Progressing"),
+        Some(("False".into(), "WaitingForPendingCapacity".into()))
+    );
+    env.dashboard.with(&env.ns, &new, |s| s.max_running = None);
+    env.promoted_to(&new, 60).await;
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverting_the_spec_rolls_back_step_by_step() {
+    let env = Env::new("rollback").await;
+    let old = env.deploy(50, 25, 1).await;
+    let observer = env.observe(50);
+    let new = env.upgrade_to("ray:2").await;
+    env.eventually("some traffic on the new cluster", 30, || async {
+        (env.levels().await.1.1 >= 25).then_some(())
+    })
+    .await;
+    // Back to the original spec.
+    env.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:1")]}}}}}})).await;
+    env.eventually("RollbackInProgress", 20, || async {
+        let rs = env.get().await;
+        (condition(&rs, "RollbackInProgress").map(|c| c.0).as_deref() == Some("True")).then_some(())
+    })
+    .await;
+    env.eventually("rollback complete", 60, || async {
+        let rs = env.get().await;
+        (pending(&rs).is_none() && condition(&rs, "RollbackInProgress").is_none()).then_some(rs)
+    })
+    .await;
+    assert_eq!(active(&env.get().await).as_deref(), Some(old.as_str()));
+    assert_eq!(env.levels().await.0, (100, 100));
+    let clusters: Api<RayCluster> = Api::namespaced(env.client.clone(), &env.ns);
+    env.eventually("the pending cluster removed", 30, || async {
+        clusters.get_opt(&new).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    // Traffic moved back in steps, never in one jump.
+    let back = observer
+        .seen
+        .lock()
+        .unwrap()
+        .routes
+        .iter()
+        .filter_map(|(_, w)| w.get(&old).copied())
+        .collect::<Vec<_>>();
+    assert!(back.windows(2).all(|w| (w[1] - w[0]).abs() <= 25), "{back:?}");
+    assert!(env.events().await.iter().any(|e| e == "RolledBack"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_third_spec_mid_upgrade_rolls_back_then_upgrades_to_it() {
+    let env = Env::new("third").await;
+    let old = env.deploy(50, 25, 1).await;
+    let observer = env.observe(50);
+    let b = env.upgrade_to("ray:2").await;
+    env.eventually("some traffic on B", 30, || async {
+        (env.levels().await.1.1 >= 25).then_some(())
+    })
+    .await;
+    env.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:3")]}}}}}})).await;
+    let c = env
+        .eventually("a new pending cluster C after the rollback", 90, || async {
+            pending(&env.get().await).filter(|p| p != &b)
+        })
+        .await;
+    assert_ne!(c, old);
+    env.promoted_to(&c, 90).await;
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_and_promote() {
+    let env = Env::new("control").await;
+    env.deploy(50, 10, 2).await;
+    let observer = env.observe(50);
+    let new = env.upgrade_to("ray:2").await;
+    env.eventually("traffic moving", 30, || async {
+        (env.levels().await.1.1 >= 10).then_some(())
+    })
+    .await;
+    env.patch(json!({"metadata": {"annotations": {"rayshift.io/upgrade-control": "pause"}}}))
+        .await;
+    env.eventually("Paused", 20, || async {
+        let rs = env.get().await;
+        (condition(&rs, "Progressing") == Some(("False".into(), "Paused".into()))).then_some(())
+    })
+    .await;
+    let held = env.levels().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(env.levels().await, held, "nothing moves while paused");
+    // Promote: the remaining steps without waiting the 2 s intervals.
+    env.patch(json!({"metadata": {"annotations": {"rayshift.io/upgrade-control": "promote"}}}))
+        .await;
+    let started = Instant::now();
+    env.promoted_to(&new, 30).await;
+    let took = started.elapsed();
+    let remaining_steps = (100 - held.1.1) / 10;
+    assert!(
+        took < Duration::from_secs(u64::try_from(remaining_steps).unwrap() * 2),
+        "promote still waited: {took:?}"
+    );
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    assert!(env.events().await.iter().any(|e| e == "UpgradePaused"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_rolls_back_and_stays_back() {
+    let env = Env::new("abort").await;
+    let old = env.deploy(50, 25, 1).await;
+    let observer = env.observe(50);
+    env.upgrade_to("ray:2").await;
+    env.eventually("traffic moving", 30, || async {
+        (env.levels().await.1.1 >= 25).then_some(())
+    })
+    .await;
+    env.patch(json!({"metadata": {"annotations": {"rayshift.io/upgrade-control": "abort"}}}))
+        .await;
+    env.eventually("rolled back", 60, || async {
+        let rs = env.get().await;
+        (pending(&rs).is_none() && active(&rs).as_deref() == Some(old.as_str())).then_some(())
+    })
+    .await;
+    // The aborted spec is not retried while it stays the same.
+    env.patch(json!({"metadata": {"annotations": {"rayshift.io/upgrade-control": null}}}))
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pending(&env.get().await), None);
+    assert!(env.events().await.iter().any(|e| e == "UpgradeAborted"));
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    // A new spec upgrades again.
+    let next = env.upgrade_to("ray:3").await;
+    env.promoted_to(&next, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_deadline_rolls_back() {
+    let env = Env::new("deadline").await;
+    let old = env.deploy(50, 25, 1).await;
+    env.patch(json!({"metadata": {"annotations": {"rayshift.io/progress-deadline-seconds": "4"}}}))
+        .await;
+    env.dashboard.new_clusters.lock().unwrap().max_running = Some(0);
+    env.upgrade_to("ray:2").await;
+    env.eventually("rolled back by the deadline", 60, || async {
+        let rs = env.get().await;
+        (pending(&rs).is_none() && active(&rs).as_deref() == Some(old.as_str())).then_some(())
+    })
+    .await;
+    assert!(env.events().await.iter().any(|e| e == "ProgressDeadlineExceeded"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_resumes_from_status() {
+    let mut env = Env::new("restart").await;
+    let old = env.deploy(20, 10, 1).await;
+    let observer = env.observe(20);
+    let new = env.upgrade_to("ray:2").await;
+    env.eventually("traffic at 20% or more", 60, || async {
+        (env.levels().await.1.1 >= 20).then_some(())
+    })
+    .await;
+    drop(env.controller.take());
+    let frozen = env.levels().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(env.levels().await, frozen, "nothing moves without a controller");
+    env.start_controller();
+    env.promoted_to(&new, 120).await;
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    // After the restart the old cluster still got capacity changes with its own (old) config.
+    let old_puts = env.dashboard.get(&env.ns, &old).puts;
+    assert!(old_puts.len() >= 3);
+    assert!(
+        old_puts
+            .iter()
+            .all(|p| p["applications"][0]["import_path"] == "serve_llm:app")
+    );
+    let all: Vec<String> = Api::<RayCluster>::namespaced(env.client.clone(), &env.ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    assert!(all.contains(&new));
+}

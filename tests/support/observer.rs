@@ -1,0 +1,192 @@
+//! Watches a RayService, its HTTPRoute and its RayClusters and checks the controller invariants on every
+//! version it sees:
+//! - route weights sum to 100;
+//! - a cluster's route weight never exceeds its target capacity;
+//! - active + pending capacity ≤ 100 + maxSurgePercent;
+//! - no weight on a cluster whose Serve apps are not RUNNING (per the fake dashboard);
+//! - the cluster carrying traffic is never deleted.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use futures::StreamExt;
+use gateway_api::httproutes::HttpRoute;
+use kube::{
+    Api, Client, ResourceExt,
+    runtime::{WatchStreamExt, watcher},
+};
+use rayshift_api::{RayCluster, RayService};
+
+use super::dashboard::FakeDashboard;
+
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub violations: Vec<String>,
+    /// Every distinct route weight set seen: (when, cluster -> weight).
+    pub routes: Vec<(Instant, BTreeMap<String, i64>)>,
+    /// Latest target capacity per cluster from the RayService status.
+    pub capacity: BTreeMap<String, i64>,
+    pub peak_total_capacity: i64,
+    pub rayservice_versions: usize,
+}
+
+pub struct Observer {
+    pub seen: Arc<Mutex<Seen>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(|t| t.abort());
+    }
+}
+
+impl Observer {
+    pub fn start(client: Client, ns: &str, rs: &str, max_surge: i64, dashboard: FakeDashboard) -> Self {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let by_name = |n: &str| watcher::Config::default().fields(&format!("metadata.name={n}"));
+        let mut tasks = Vec::new();
+
+        let s = seen.clone();
+        let services: Api<RayService> = Api::namespaced(client.clone(), ns);
+        let cfg = by_name(rs);
+        tasks.push(tokio::spawn(async move {
+            let mut stream = watcher(services, cfg).default_backoff().applied_objects().boxed();
+            while let Some(Ok(rs)) = stream.next().await {
+                let mut seen = s.lock().unwrap();
+                seen.rayservice_versions += 1;
+                let status = rs.status.clone().unwrap_or_default();
+                let mut total = 0;
+                let mut traffic = 0;
+                for side in [&status.active_service_status, &status.pending_service_status]
+                    .into_iter()
+                    .flatten()
+                {
+                    let (Some(name), Some(tc)) = (side.ray_cluster_name.clone(), side.target_capacity) else {
+                        continue;
+                    };
+                    total += i64::from(tc);
+                    seen.capacity.insert(name.clone(), i64::from(tc));
+                    let trp = i64::from(side.traffic_routed_percent.unwrap_or(0));
+                    traffic += trp;
+                    if trp > i64::from(tc) {
+                        seen.violations
+                            .push(format!("status: {name} has traffic {trp}% over capacity {tc}%"));
+                    }
+                }
+                let both = status
+                    .pending_service_status
+                    .as_ref()
+                    .and_then(|p| p.ray_cluster_name.as_ref())
+                    .is_some();
+                if both && traffic != 100 {
+                    seen.violations.push(format!("status: traffic sums to {traffic}"));
+                }
+                if total > 100 + max_surge {
+                    seen.violations.push(format!(
+                        "status: total capacity {total}% over {}%",
+                        100 + max_surge
+                    ));
+                }
+                seen.peak_total_capacity = seen.peak_total_capacity.max(total);
+            }
+        }));
+
+        let s = seen.clone();
+        let ns_owned = ns.to_string();
+        let routes: Api<HttpRoute> = Api::namespaced(client.clone(), ns);
+        let cfg = by_name(&format!("{rs}-httproute"));
+        tasks.push(tokio::spawn(async move {
+            let mut stream = watcher(routes, cfg).default_backoff().applied_objects().boxed();
+            while let Some(Ok(route)) = stream.next().await {
+                let weights: BTreeMap<String, i64> = route
+                    .spec
+                    .rules
+                    .iter()
+                    .flatten()
+                    .flat_map(|r| r.backend_refs.iter().flatten())
+                    .map(|b| {
+                        (
+                            b.name.trim_end_matches("-serve-svc").to_string(),
+                            i64::from(b.weight.unwrap_or(1)),
+                        )
+                    })
+                    .collect();
+                let mut seen = s.lock().unwrap();
+                if seen.routes.last().is_some_and(|(_, w)| *w == weights) {
+                    continue;
+                }
+                let sum: i64 = weights.values().sum();
+                if sum != 100 {
+                    seen.violations
+                        .push(format!("route: weights sum to {sum}: {weights:?}"));
+                }
+                for (cluster, w) in weights.iter().filter(|(_, w)| **w > 0) {
+                    let state = dashboard.get(&ns_owned, cluster);
+                    let running = state.config.is_some()
+                        && !state.down
+                        && state.app_status.as_deref().is_none_or(|s| s == "RUNNING");
+                    if !running {
+                        seen.violations
+                            .push(format!("route: {w}% to {cluster} whose apps are not RUNNING"));
+                    }
+                    if let Some(tc) = seen.capacity.get(cluster).copied().filter(|tc| w > tc) {
+                        seen.violations
+                            .push(format!("route: {w}% to {cluster} with target capacity {tc}%"));
+                    }
+                }
+                seen.routes.push((Instant::now(), weights));
+            }
+        }));
+
+        let s = seen.clone();
+        let clusters: Api<RayCluster> = Api::namespaced(client, ns);
+        tasks.push(tokio::spawn(async move {
+            let mut stream = watcher(clusters, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(Ok(event)) = stream.next().await {
+                let c = match event {
+                    watcher::Event::Delete(c) => c,
+                    watcher::Event::Apply(c) if c.metadata.deletion_timestamp.is_some() => c,
+                    _ => continue,
+                };
+                let mut seen = s.lock().unwrap();
+                let weight = seen
+                    .routes
+                    .last()
+                    .and_then(|(_, w)| w.get(&c.name_any()).copied())
+                    .unwrap_or(0);
+                if weight > 0 {
+                    seen.violations.push(format!(
+                        "cluster {} deleted while carrying {weight}% of traffic",
+                        c.name_any()
+                    ));
+                }
+            }
+        }));
+        Observer { seen, tasks }
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.seen.lock().unwrap().violations.clone()
+    }
+
+    /// Times at which a given cluster's weight rose, in order.
+    pub fn raises(&self, cluster: &str) -> Vec<(Instant, i64)> {
+        let seen = self.seen.lock().unwrap();
+        let mut out = Vec::new();
+        let mut last = 0;
+        for (t, w) in &seen.routes {
+            let now = w.get(cluster).copied().unwrap_or(0);
+            if now > last {
+                out.push((*t, now));
+            }
+            last = now;
+        }
+        out
+    }
+}
