@@ -37,6 +37,27 @@ pub struct ControlPlane {
 }
 
 static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+static WITHOUT_GATEWAY: OnceLock<ControlPlane> = OnceLock::new();
+
+/// A control plane of this test binary with rayshift's CRDs but no Gateway API.
+pub fn control_plane_without_gateway_api() -> &'static ControlPlane {
+    WITHOUT_GATEWAY.get_or_init(|| {
+        let cp = ControlPlane::start();
+        cp.kubectl(&[
+            "apply",
+            "-f",
+            &repo().join("manifests/crds/crds.yaml").to_string_lossy(),
+        ]);
+        cp.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "--all",
+        ]);
+        cp
+    })
+}
 
 /// The control plane of this test binary, started (and given the CRDs) on first use.
 pub fn control_plane() -> &'static ControlPlane {
