@@ -35,7 +35,7 @@ failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 step "no control-plane or webhook process left behind"
 cache_bin=$(bash tests/env/control-plane.sh bin)
 for _ in $(seq 30); do
-  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager)|/etcd --data-dir .*/rayshift-cp-|rayshift webhook" || true)
+  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)" || true)
   [ -z "$left" ] && break
   sleep 1
 done
