@@ -459,6 +459,11 @@ async fn deleting_the_rayservice_removes_what_rayshift_created() {
     let env = Env::new("delete").await;
     env.create(rayservice("llm", None, "ray:1")).await;
     env.ready("llm").await;
+    let series = format!("namespace=\"{}\"", env.ns);
+    assert!(
+        env.controller.metrics().contains(&series),
+        "per-RayService series exist"
+    );
     env.rayservices()
         .delete("llm", &DeleteParams::foreground())
         .await
@@ -467,6 +472,15 @@ async fn deleting_the_rayservice_removes_what_rayshift_created() {
         let clusters = env.clusters().list(&ListParams::default()).await.unwrap().items;
         let services = env.services().list(&ListParams::default()).await.unwrap().items;
         (clusters.is_empty() && services.is_empty()).then_some(())
+    })
+    .await;
+    env.eventually("series of the deleted RayService gone", 30, || async {
+        (!env
+            .controller
+            .metrics()
+            .lines()
+            .any(|l| !l.starts_with('#') && l.contains(&series)))
+        .then_some(())
     })
     .await;
 }

@@ -242,7 +242,71 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
     let old = env.deploy(20, 5, 1).await;
     let observer = env.observe(20);
     let new = env.upgrade_to("ray:2").await;
-    env.promoted_to(&new, 120).await;
+    // Scrape the controller's /metrics throughout the upgrade.
+    let controller = env.controller.as_ref().unwrap();
+    let mut scrapes: Vec<(f64, f64, f64)> = Vec::new();
+    let mut mid_upgrade = String::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = controller.metrics();
+        let pending_cap = support::webhook::metric(
+            &text,
+            &format!(
+                "rayshift_rayservice_target_capacity_percent{{name=\"llm\",namespace=\"{}\",role=\"pending\"}}",
+                env.ns
+            ),
+        );
+        let pending_traffic = support::webhook::metric(
+            &text,
+            &format!(
+                "rayshift_rayservice_traffic_percent{{name=\"llm\",namespace=\"{}\",role=\"pending\"}}",
+                env.ns
+            ),
+        );
+        let active_cap = support::webhook::metric(
+            &text,
+            &format!(
+                "rayshift_rayservice_target_capacity_percent{{name=\"llm\",namespace=\"{}\",role=\"active\"}}",
+                env.ns
+            ),
+        );
+        if pending_traffic > 0.0 && mid_upgrade.is_empty() {
+            mid_upgrade = text.clone();
+        }
+        if scrapes.last() != Some(&(active_cap, pending_cap, pending_traffic)) {
+            scrapes.push((active_cap, pending_cap, pending_traffic));
+        }
+        let rs = env.get().await;
+        if active(&rs).as_deref() == Some(new.as_str()) && pending(&rs).is_none() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "upgrade did not finish");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The gauges followed the plan: pending traffic never above pending capacity, both only rising.
+    assert!(scrapes.iter().all(|(_, c, t)| t <= c), "{scrapes:?}");
+    assert!(
+        scrapes
+            .windows(2)
+            .all(|w| w[1].2 >= w[0].2 || w[1] == (0.0, 0.0, 0.0) || w[1].1 == 0.0),
+        "{scrapes:?}"
+    );
+    let capacities: Vec<f64> = scrapes.iter().map(|s| s.1).fold(Vec::new(), |mut v, c| {
+        if v.last() != Some(&c) && c > 0.0 {
+            v.push(c)
+        }
+        v
+    });
+    assert_eq!(
+        capacities,
+        vec![20.0, 40.0, 60.0, 80.0, 100.0],
+        "pending capacity seen in /metrics: {scrapes:?}"
+    );
+    assert!(
+        scrapes.iter().filter(|s| s.2 > 0.0).count() >= 10,
+        "traffic steps seen in /metrics: {scrapes:?}"
+    );
+    check_dashboard_against(&mid_upgrade, controller).await;
 
     // The new cluster was created with worker replicas unset (it scales from minReplicas).
     let clusters: Api<RayCluster> = Api::namespaced(env.client.clone(), &env.ns);
@@ -524,4 +588,93 @@ async fn a_restarted_controller_resumes_from_status() {
         .map(|c| c.name_any())
         .collect();
     assert!(all.contains(&new));
+}
+
+/// Every metric the Grafana dashboard queries is one rayshift exports (a real scrape of the controller
+/// taken mid-upgrade, plus a real webhook's after a few reviews).
+async fn check_dashboard_against(controller_scrape: &str, controller: &ControllerProcess) {
+    use support::webhook::{WebhookProcess, admission_review, generate_certs};
+    let certs = tempfile::tempdir().unwrap();
+    generate_certs(certs.path(), false);
+    let webhook = WebhookProcess::start(certs.path(), &[]);
+    let client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&webhook.ca_pem()).unwrap())
+        .build()
+        .unwrap();
+    for object in [
+        json!({"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "x"}, "spec": {"rayClusterConfig": {"headGroupSpec": {}}}}),
+    ] {
+        let review = admission_review("CREATE", Some(&object), None);
+        for path in ["/validate-ray-io-v1-rayservice", "/mutate-ray-io-v1-rayservice"] {
+            client.post(webhook.url(path)).json(&review).send().await.unwrap();
+        }
+    }
+    let families = |text: &str| -> std::collections::BTreeSet<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect()
+    };
+    let mut exported = families(controller_scrape);
+    exported.extend(families(&controller.metrics()));
+    exported.extend(families(&webhook.metrics()));
+    let path = format!(
+        "{}/manifests/grafana/rayshift-dashboard.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut queries = Vec::new();
+    collect_queries(&dashboard, &mut queries);
+    assert!(queries.len() >= 20, "{queries:?}");
+    let mut missing = Vec::new();
+    for q in &queries {
+        for name in q
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|t| t.starts_with("rayshift_"))
+        {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+            if !exported.contains(family) {
+                missing.push(name.to_string());
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries metrics rayshift does not export: {missing:?}\nexported: {exported:?}"
+    );
+    for panel in [
+        "Capacity and traffic per cluster",
+        "Upgrade phase",
+        "Admission verdicts",
+        "Reconcile errors by reason",
+    ] {
+        assert!(
+            dashboard["panels"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["title"] == panel),
+            "{panel}"
+        );
+    }
+}
+
+fn collect_queries(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr" | "query" | "definition", Value::String(s)) => out.push(s.clone()),
+                    _ => collect_queries(v, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| collect_queries(v, out)),
+        _ => {}
+    }
 }

@@ -76,6 +76,24 @@ pub fn rejected_spec(status: &RayServiceStatuses) -> Option<String> {
         .map(str::to_string)
 }
 
+/// When traffic last moved (sub-second when rayshift moved it).
+pub fn last_step_time(status: &RayServiceStatuses) -> Option<Timestamp> {
+    let precise = status
+        .extra
+        .get(LAST_STEP_FIELD)
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse::<Timestamp>().ok());
+    precise.or_else(|| {
+        [
+            time(status.active_service_status.as_ref()),
+            time(status.pending_service_status.as_ref()),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+    })
+}
+
 /// Levels of one side, with KubeRay's defaults.
 fn levels(side: Option<&ClusterServiceStatus>, role: Role) -> Levels {
     Levels::from_status(side, role)
@@ -270,6 +288,9 @@ async fn step(
                 return Ok(Some(p.ctx.options.serve_poll_interval));
             }
             set_capacity(p, cluster, percent).await?;
+            p.ctx
+                .metrics
+                .capacity_change(p.ns, &p.rs.name_any(), role.as_str());
             let side = if role == Role::Active {
                 &mut status.active_service_status
             } else {
@@ -299,6 +320,8 @@ async fn step(
             // Stamped when the weights are written, not when the pass began: the next step is due an
             // interval after the traffic really moved.
             let written = Timestamp::now();
+            let waited = last_step.map(|t| written.duration_since(t).as_secs_f64());
+            p.ctx.metrics.traffic_step(p.ns, &p.rs.name_any(), waited);
             let stamp = Some(Time(written));
             status
                 .extra
@@ -334,6 +357,9 @@ async fn step(
             status.extra.remove(LAST_PROGRESS_FIELD);
             status.extra.remove(LAST_STEP_FIELD);
             status.extra.remove(REJECTED_FIELD);
+            let took = crate::reconcile::upgrade_duration(status, p.now);
+            p.ctx.metrics.upgrade(p.ns, &p.rs.name_any(), "completed", took);
+            status.extra.remove(crate::reconcile::UPGRADE_START_FIELD);
             p.ctx
                 .event(
                     p.rs,

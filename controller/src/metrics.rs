@@ -1,6 +1,7 @@
 //! The controller's Prometheus metrics, registered on a registry passed in.
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use rayshift_api::rayservice::RayServiceStatuses;
 
 const RECONCILE_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -9,8 +10,47 @@ const DASHBOARD_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
+/// Phases of a RayService, exported as a state set (one series per phase, 1 for the current one).
+pub const PHASES: &[&str] = &[
+    "Idle",
+    "Initializing",
+    "Upgrading",
+    "Waiting",
+    "Paused",
+    "RollingBack",
+];
+const ROLES: &[&str] = &["active", "pending"];
+const RESULTS: &[&str] = &["started", "completed", "rolled_back", "aborted"];
+const STEP_BUCKETS: &[f64] = &[0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
+const UPGRADE_BUCKETS: &[f64] = &[
+    10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0,
+];
+
+/// What the metrics show of one RayService after a pass.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceView {
+    pub phase: &'static str,
+    pub paused: bool,
+    pub rollback: bool,
+    pub seconds_until_next_step: Option<f64>,
+    pub last_step_unix: Option<f64>,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
+    target_capacity: GaugeVec,
+    traffic: GaugeVec,
+    phase: GaugeVec,
+    upgrade_in_progress: GaugeVec,
+    rollback_in_progress: GaugeVec,
+    paused: GaugeVec,
+    last_step: GaugeVec,
+    until_next_step: GaugeVec,
+    upgrades: IntCounterVec,
+    traffic_steps: IntCounterVec,
+    capacity_changes: IntCounterVec,
+    upgrade_duration: HistogramVec,
+    step_wait: HistogramVec,
     reconcile_duration: Histogram,
     reconcile_errors: IntCounterVec,
     api_writes: IntCounterVec,
@@ -20,7 +60,87 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let svc = &["namespace", "name"];
+        let role = &["namespace", "name", "role"];
+        let gauge = |name: &str, help: &str, labels: &[&str]| GaugeVec::new(Opts::new(name, help), labels);
         let m = Self {
+            target_capacity: gauge(
+                "rayshift_rayservice_target_capacity_percent",
+                "Ray Serve target_capacity of the RayService's active or pending cluster.",
+                role,
+            )?,
+            traffic: gauge(
+                "rayshift_rayservice_traffic_percent",
+                "HTTPRoute weight (percent of traffic) of the active or pending cluster.",
+                role,
+            )?,
+            phase: gauge(
+                "rayshift_rayservice_upgrade_phase",
+                "Upgrade phase of the RayService: 1 for the current phase, 0 for the others.",
+                &["namespace", "name", "phase"],
+            )?,
+            upgrade_in_progress: gauge(
+                "rayshift_rayservice_upgrade_in_progress",
+                "1 while the RayService has a pending cluster.",
+                svc,
+            )?,
+            rollback_in_progress: gauge(
+                "rayshift_rayservice_rollback_in_progress",
+                "1 while an incremental upgrade is being rolled back.",
+                svc,
+            )?,
+            paused: gauge(
+                "rayshift_rayservice_upgrade_paused",
+                "1 while the incremental upgrade is paused.",
+                svc,
+            )?,
+            last_step: gauge(
+                "rayshift_rayservice_last_traffic_step_timestamp_seconds",
+                "Unix time of the last traffic step.",
+                svc,
+            )?,
+            until_next_step: gauge(
+                "rayshift_rayservice_seconds_until_next_traffic_step",
+                "Seconds until the next traffic step is due (0 when due or waiting on something else).",
+                svc,
+            )?,
+            upgrades: IntCounterVec::new(
+                Opts::new(
+                    "rayshift_upgrades_total",
+                    "Upgrades by outcome: started, completed, rolled_back, aborted.",
+                ),
+                &["namespace", "name", "result"],
+            )?,
+            traffic_steps: IntCounterVec::new(
+                Opts::new(
+                    "rayshift_traffic_steps_total",
+                    "HTTPRoute weight changes made by incremental upgrades.",
+                ),
+                svc,
+            )?,
+            capacity_changes: IntCounterVec::new(
+                Opts::new(
+                    "rayshift_capacity_changes_total",
+                    "Ray Serve target_capacity changes, by cluster role.",
+                ),
+                role,
+            )?,
+            upgrade_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "rayshift_upgrade_duration_seconds",
+                    "Time from an upgrade's start to its promotion or rollback.",
+                )
+                .buckets(UPGRADE_BUCKETS.to_vec()),
+                &["namespace", "name", "result"],
+            )?,
+            step_wait: HistogramVec::new(
+                HistogramOpts::new(
+                    "rayshift_traffic_step_wait_seconds",
+                    "Time between consecutive traffic steps of an upgrade.",
+                )
+                .buckets(STEP_BUCKETS.to_vec()),
+                svc,
+            )?,
             reconcile_duration: Histogram::with_opts(
                 HistogramOpts::new(
                     "rayshift_reconcile_duration_seconds",
@@ -58,7 +178,34 @@ impl Metrics {
                 &["operation"],
             )?,
         };
+        registry.register(Box::new(m.target_capacity.clone()))?;
+        registry.register(Box::new(m.traffic.clone()))?;
+        registry.register(Box::new(m.phase.clone()))?;
+        registry.register(Box::new(m.upgrade_in_progress.clone()))?;
+        registry.register(Box::new(m.rollback_in_progress.clone()))?;
+        registry.register(Box::new(m.paused.clone()))?;
+        registry.register(Box::new(m.last_step.clone()))?;
+        registry.register(Box::new(m.until_next_step.clone()))?;
+        registry.register(Box::new(m.upgrades.clone()))?;
+        registry.register(Box::new(m.traffic_steps.clone()))?;
+        registry.register(Box::new(m.capacity_changes.clone()))?;
+        registry.register(Box::new(m.upgrade_duration.clone()))?;
+        registry.register(Box::new(m.step_wait.clone()))?;
         registry.register(Box::new(m.reconcile_duration.clone()))?;
+        // Known label values start at zero, so dashboards and alerts see the series before the first error.
+        for reason in [
+            "conflict",
+            "kubernetes",
+            "dashboard",
+            "serve_config",
+            "invalid",
+            "metrics",
+        ] {
+            m.reconcile_errors.with_label_values(&[reason]);
+        }
+        for op in ["get", "put"] {
+            m.dashboard_errors.with_label_values(&[op]);
+        }
         registry.register(Box::new(m.reconcile_errors.clone()))?;
         registry.register(Box::new(m.api_writes.clone()))?;
         registry.register(Box::new(m.dashboard_latency.clone()))?;
@@ -85,4 +232,105 @@ impl Metrics {
     pub fn dashboard_error(&self, op: &str) {
         self.dashboard_errors.with_label_values(&[op]).inc();
     }
+
+    /// Gauges of one RayService from its status after a pass.
+    pub fn observe_service(&self, ns: &str, name: &str, status: &RayServiceStatuses, view: &ServiceView) {
+        for (role, side) in [
+            ("active", &status.active_service_status),
+            ("pending", &status.pending_service_status),
+        ] {
+            let labels = [ns, name, role];
+            match side.as_ref().filter(|s| s.ray_cluster_name.is_some()) {
+                Some(s) => {
+                    let tc = s
+                        .target_capacity
+                        .map_or(if role == "active" { 100.0 } else { 0.0 }, f64::from);
+                    let trp = s
+                        .traffic_routed_percent
+                        .map_or(if role == "active" { 100.0 } else { 0.0 }, f64::from);
+                    self.target_capacity.with_label_values(&labels).set(tc);
+                    self.traffic.with_label_values(&labels).set(trp);
+                }
+                None => {
+                    let _ = self.target_capacity.remove_label_values(&labels);
+                    let _ = self.traffic.remove_label_values(&labels);
+                }
+            }
+        }
+        for phase in PHASES {
+            self.phase
+                .with_label_values(&[ns, name, phase])
+                .set(if *phase == view.phase { 1.0 } else { 0.0 });
+        }
+        let pending = status
+            .pending_service_status
+            .as_ref()
+            .and_then(|s| s.ray_cluster_name.as_ref())
+            .is_some();
+        let active = status
+            .active_service_status
+            .as_ref()
+            .and_then(|s| s.ray_cluster_name.as_ref())
+            .is_some();
+        set(&self.upgrade_in_progress, ns, name, pending && active);
+        set(&self.rollback_in_progress, ns, name, view.rollback);
+        set(&self.paused, ns, name, view.paused);
+        self.until_next_step
+            .with_label_values(&[ns, name])
+            .set(view.seconds_until_next_step.unwrap_or(0.0));
+        if let Some(t) = view.last_step_unix {
+            self.last_step.with_label_values(&[ns, name]).set(t);
+        }
+    }
+
+    pub fn upgrade(&self, ns: &str, name: &str, result: &str, duration_seconds: Option<f64>) {
+        self.upgrades.with_label_values(&[ns, name, result]).inc();
+        if let Some(d) = duration_seconds {
+            self.upgrade_duration
+                .with_label_values(&[ns, name, result])
+                .observe(d);
+        }
+    }
+
+    pub fn traffic_step(&self, ns: &str, name: &str, waited_seconds: Option<f64>) {
+        self.traffic_steps.with_label_values(&[ns, name]).inc();
+        if let Some(w) = waited_seconds {
+            self.step_wait.with_label_values(&[ns, name]).observe(w);
+        }
+    }
+
+    pub fn capacity_change(&self, ns: &str, name: &str, role: &str) {
+        self.capacity_changes.with_label_values(&[ns, name, role]).inc();
+    }
+
+    /// Drops every series of a deleted RayService.
+    pub fn forget_service(&self, ns: &str, name: &str) {
+        for role in ROLES {
+            let _ = self.target_capacity.remove_label_values(&[ns, name, role]);
+            let _ = self.traffic.remove_label_values(&[ns, name, role]);
+            let _ = self.capacity_changes.remove_label_values(&[ns, name, role]);
+        }
+        for phase in PHASES {
+            let _ = self.phase.remove_label_values(&[ns, name, phase]);
+        }
+        for g in [
+            &self.upgrade_in_progress,
+            &self.rollback_in_progress,
+            &self.paused,
+            &self.last_step,
+            &self.until_next_step,
+        ] {
+            let _ = g.remove_label_values(&[ns, name]);
+        }
+        for result in RESULTS {
+            let _ = self.upgrades.remove_label_values(&[ns, name, result]);
+            let _ = self.upgrade_duration.remove_label_values(&[ns, name, result]);
+        }
+        let _ = self.traffic_steps.remove_label_values(&[ns, name]);
+        let _ = self.step_wait.remove_label_values(&[ns, name]);
+    }
+}
+
+fn set(g: &GaugeVec, ns: &str, name: &str, on: bool) {
+    g.with_label_values(&[ns, name]).set(if on { 1.0 } else { 0.0 });
 }

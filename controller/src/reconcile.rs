@@ -159,6 +159,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         .get_opt(&cached.name_any())
         .await?
     else {
+        ctx.metrics.forget_service(&ns, &cached.name_any());
         return Ok(Action::await_change());
     };
     if !ctx.owns(&rs) {
@@ -168,6 +169,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         // Owner references let the garbage collector remove clusters and Services.
         ctx.cache()
             .retain(|(n, c), _| !(n == &ns && c.starts_with(&format!("{}-", rs.name_any()))));
+        ctx.metrics.forget_service(&ns, &rs.name_any());
         return Ok(Action::await_change());
     }
     let now = Timestamp::now();
@@ -312,6 +314,17 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         };
         incremental_wake = crate::incremental::advance(&pass, &mut status).await?;
     }
+    record_upgrade_outcomes(
+        &rs,
+        &ctx,
+        &decision,
+        active_name.is_some(),
+        incremental,
+        &mut status,
+        now,
+    );
+    ctx.metrics
+        .observe_service(&ns, &rs.name_any(), &status, &service_view(&rs, &status, now));
     if conditions::status_changed(Some(&previous), &status) {
         write_status(&rs, &ctx, &status).await?;
     }
@@ -992,6 +1005,88 @@ pub(crate) fn merge_patch(old: &Value, new: &Value) -> Value {
             Value::Object(patch)
         }
         _ => new.clone(),
+    }
+}
+
+/// When an upgrade started, in status (so its duration survives a restart).
+pub const UPGRADE_START_FIELD: &str = "upgradeStartTime";
+
+/// Counts upgrades started (a new pending cluster beside an active one) and, for blue/green, completed.
+fn record_upgrade_outcomes(
+    rs: &RayService,
+    ctx: &Context,
+    decision: &Decision,
+    had_active: bool,
+    incremental: bool,
+    status: &mut RayServiceStatuses,
+    now: Timestamp,
+) {
+    let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
+    let started = decision.active.is_some()
+        && decision
+            .actions
+            .iter()
+            .any(|a| matches!(a, ClusterAction::Create { .. }));
+    if started {
+        ctx.metrics.upgrade(&ns, &name, "started", None);
+        status
+            .extra
+            .insert(UPGRADE_START_FIELD.into(), Value::from(now.to_string()));
+    }
+    if !incremental && decision.promoted.is_some() && had_active {
+        let took = upgrade_duration(status, now);
+        ctx.metrics.upgrade(&ns, &name, "completed", took);
+        status.extra.remove(UPGRADE_START_FIELD);
+    }
+}
+
+/// Seconds since the upgrade recorded in status started.
+pub fn upgrade_duration(status: &RayServiceStatuses, now: Timestamp) -> Option<f64> {
+    let start = status
+        .extra
+        .get(UPGRADE_START_FIELD)?
+        .as_str()?
+        .parse::<Timestamp>()
+        .ok()?;
+    Some(now.duration_since(start).as_secs_f64())
+}
+
+fn service_view(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) -> crate::metrics::ServiceView {
+    let named =
+        |s: &Option<ClusterServiceStatus>| s.as_ref().and_then(|s| s.ray_cluster_name.as_ref()).is_some();
+    let cond = |t: &str| status.conditions.iter().flatten().find(|c| c.type_ == t).cloned();
+    let rollback = cond(conditions::ROLLBACK_IN_PROGRESS).is_some_and(|c| c.status == "True");
+    let progressing = cond(crate::incremental::PROGRESSING);
+    let paused = progressing.as_ref().is_some_and(|c| c.reason == "Paused");
+    let phase = match (
+        named(&status.active_service_status),
+        named(&status.pending_service_status),
+    ) {
+        (false, _) => "Initializing",
+        (true, false) => "Idle",
+        (true, true) if rollback => "RollingBack",
+        (true, true) if paused => "Paused",
+        (true, true) if progressing.as_ref().is_some_and(|c| c.status == "False") => "Waiting",
+        (true, true) => "Upgrading",
+    };
+    let last_step = crate::incremental::last_step_time(status);
+    let interval = rs
+        .spec
+        .cluster_upgrade_options()
+        .and_then(|o| o.interval_seconds)
+        .map(f64::from);
+    let until = match (phase, last_step, interval) {
+        ("Upgrading" | "RollingBack", Some(t), Some(i)) => {
+            Some((i - now.duration_since(t).as_secs_f64()).max(0.0))
+        }
+        _ => None,
+    };
+    crate::metrics::ServiceView {
+        phase,
+        paused,
+        rollback,
+        seconds_until_next_step: until,
+        last_step_unix: last_step.map(|t| t.as_millisecond() as f64 / 1000.0),
     }
 }
 

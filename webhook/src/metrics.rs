@@ -93,6 +93,13 @@ impl Metrics {
         registry.register(Box::new(m.tls_handshake_errors.clone()))?;
         registry.register(Box::new(m.cert_expiry.clone()))?;
         registry.register(Box::new(m.cert_reloads.clone()))?;
+        // Known label values start at zero, so the series exist before the first event.
+        for code in ["400", "408", "413", "500"] {
+            m.bad_requests.with_label_values(&[code]);
+        }
+        for result in ["success", "error"] {
+            m.cert_reloads.with_label_values(&[result]);
+        }
         Ok(m)
     }
 
