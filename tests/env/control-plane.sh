@@ -118,6 +118,10 @@ start() {
   etcd_port=$(free_port); peer_port=$(free_port); api_port=$(free_port)
   token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   echo "$token,admin,admin,system:masters" >"$dir/tokens.csv"
+  # rayshift's own identity, for tests that run it under its least-privilege RBAC (manifests/deploy/rbac.yaml).
+  local sa_token
+  sa_token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  echo "$sa_token,system:serviceaccount:rayshift-system:rayshift,rayshift-sa,\"system:serviceaccounts,system:serviceaccounts:rayshift-system,system:authenticated\"" >>"$dir/tokens.csv"
   openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
   openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
   : >"$dir/pids"
@@ -154,6 +158,8 @@ contexts:
   context: {cluster: rayshift-test, user: admin}
 current-context: rayshift-test
 EOF
+  sed -e "s/token: $token/token: $sa_token/" -e "s/name: admin/name: rayshift/" -e "s/user: admin/user: rayshift/" \
+    "$dir/kubeconfig" >"$dir/kubeconfig-rayshift"
   if ! wait_ready "$url" "$token"; then
     tail -n 30 "$dir/apiserver.log" >&2
     stop "$dir"

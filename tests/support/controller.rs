@@ -16,11 +16,21 @@ pub struct ControllerProcess {
 
 impl ControllerProcess {
     pub fn start(cp: &ControlPlane, ns: &str, dashboard_template: &str, extra: &[&str]) -> Self {
+        Self::start_as(&cp.kubeconfig, ns, dashboard_template, extra)
+    }
+
+    /// Runs the controller with the given identity (e.g. rayshift's least-privilege ServiceAccount).
+    pub fn start_as(
+        kubeconfig: &std::path::Path,
+        ns: &str,
+        dashboard_template: &str,
+        extra: &[&str],
+    ) -> Self {
         let metrics_port = free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_rayshift"))
             .arg("controller")
             .arg("--kubeconfig")
-            .arg(&cp.kubeconfig)
+            .arg(kubeconfig)
             .args(["--namespace", ns, "--dashboard-url-template", dashboard_template])
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
             .args([
