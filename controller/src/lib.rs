@@ -4,6 +4,7 @@ pub mod children;
 pub mod dashboard;
 pub mod error;
 pub mod incremental;
+pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 
@@ -25,17 +26,65 @@ use tokio::sync::watch as signal;
 
 pub use crate::reconcile::{Context, ControllerOptions};
 
-/// Runs the controller until `shutdown` flips to true.
-pub async fn run(
+/// Everything [`run`] needs besides the client.
+pub struct RunConfig {
+    pub namespace: Option<String>,
+    pub options: ControllerOptions,
+    pub dashboard_route: dashboard::Route,
+    pub dashboard_timeout: Duration,
+    /// `None`: this replica always reconciles.
+    pub leader_election: Option<leader::LeaderElection>,
+}
+
+/// Runs the controller until `shutdown` flips to true; with leader election, only while leading.
+pub async fn run(client: Client, config: RunConfig, registry: &prometheus::Registry, shutdown: signal::Receiver<bool>) -> Result<()> {
+    let metrics = metrics::Metrics::register(registry)?;
+    let RunConfig { namespace, options, dashboard_route, dashboard_timeout, leader_election } = config;
+    let Some(election) = leader_election else {
+        metrics.set_leader(true);
+        return run_controller(client, namespace, options, dashboard_route, dashboard_timeout, metrics, shutdown).await;
+    };
+    let (leader_tx, mut leading) = signal::channel(false);
+    let campaign = tokio::spawn(election.run(client.clone(), leader_tx, shutdown.clone()));
+    let mut global = shutdown.clone();
+    loop {
+        metrics.set_leader(false);
+        tokio::select! {
+            _ = global.wait_for(|s| *s) => break,
+            r = leading.wait_for(|l| *l) => if r.is_err() { break },
+        }
+        metrics.set_leader(true);
+        // Stop reconciling as soon as leadership is lost (or on shutdown).
+        let (stop_tx, stop_rx) = signal::channel(false);
+        let (mut lost, mut global2) = (leading.clone(), shutdown.clone());
+        let watchdog = tokio::spawn(async move {
+            tokio::select! {
+                _ = lost.wait_for(|l| !*l) => {},
+                _ = global2.wait_for(|s| *s) => {},
+            }
+            let _ = stop_tx.send(true);
+        });
+        run_controller(client.clone(), namespace.clone(), options.clone(), dashboard_route.clone(), dashboard_timeout, metrics.clone(), stop_rx).await?;
+        watchdog.abort();
+        if *shutdown.borrow() {
+            break;
+        }
+        tracing::warn!("leadership lost: reconciling stopped until it is regained");
+    }
+    metrics.set_leader(false);
+    let _ = campaign.await;
+    Ok(())
+}
+
+async fn run_controller(
     client: Client,
     namespace: Option<String>,
     options: ControllerOptions,
     dashboard_route: dashboard::Route,
     dashboard_timeout: Duration,
-    registry: &prometheus::Registry,
+    metrics: metrics::Metrics,
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<()> {
-    let metrics = metrics::Metrics::register(registry)?;
     // One namespace, or all of them.
     fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
     where

@@ -38,6 +38,7 @@ pub struct ServiceView {
 
 #[derive(Clone)]
 pub struct Metrics {
+    leader: prometheus::Gauge,
     target_capacity: GaugeVec,
     traffic: GaugeVec,
     phase: GaugeVec,
@@ -64,6 +65,7 @@ impl Metrics {
         let role = &["namespace", "name", "role"];
         let gauge = |name: &str, help: &str, labels: &[&str]| GaugeVec::new(Opts::new(name, help), labels);
         let m = Self {
+            leader: prometheus::Gauge::new("rayshift_controller_leader", "1 while this replica holds the leader Lease and reconciles.")?,
             target_capacity: gauge(
                 "rayshift_rayservice_target_capacity_percent",
                 "Ray Serve target_capacity of the RayService's active or pending cluster.",
@@ -178,6 +180,7 @@ impl Metrics {
                 &["operation"],
             )?,
         };
+        registry.register(Box::new(m.leader.clone()))?;
         registry.register(Box::new(m.target_capacity.clone()))?;
         registry.register(Box::new(m.traffic.clone()))?;
         registry.register(Box::new(m.phase.clone()))?;
@@ -211,6 +214,10 @@ impl Metrics {
         registry.register(Box::new(m.dashboard_latency.clone()))?;
         registry.register(Box::new(m.dashboard_errors.clone()))?;
         Ok(m)
+    }
+
+    pub fn set_leader(&self, on: bool) {
+        self.leader.set(if on { 1.0 } else { 0.0 });
     }
 
     pub fn reconcile_timer(&self) -> prometheus::HistogramTimer {

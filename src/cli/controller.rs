@@ -49,6 +49,15 @@ pub struct ControllerArgs {
     /// rayshift.io/progress-deadline-seconds overrides it).
     #[arg(long, default_value_t = 600)]
     progress_deadline_seconds: i64,
+    /// Reconcile only while holding a coordination.k8s.io Lease (run several replicas safely).
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the leader Lease (default: POD_NAMESPACE, else the watched namespace, else default).
+    #[arg(long)]
+    leader_election_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "rayshift-controller")]
+    leader_election_id: String,
 }
 
 impl ControllerArgs {
@@ -62,6 +71,29 @@ impl ControllerArgs {
             skip_gateway_status_check: self.skip_gateway_status_check,
             progress_deadline_seconds: self.progress_deadline_seconds.max(1),
             ..ControllerOptions::default()
+        }
+    }
+
+    fn run_config(&self, gates: FeatureGates) -> rayshift_controller::RunConfig {
+        let leader_election = self.leader_elect.then(|| {
+            let ns = self
+                .leader_election_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .or_else(|| self.namespace.clone())
+                .unwrap_or_else(|| "default".into());
+            let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                format!("{}-{}", host.trim(), std::process::id())
+            });
+            rayshift_controller::leader::LeaderElection::new(ns, self.leader_election_id.clone(), identity)
+        });
+        rayshift_controller::RunConfig {
+            namespace: self.namespace.clone(),
+            options: self.options(gates),
+            dashboard_route: self.route(),
+            dashboard_timeout: Duration::from_secs_f64(self.dashboard_timeout_seconds.max(0.1)),
+            leader_election,
         }
     }
 
@@ -113,18 +145,8 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
             server::admin_router(registry.clone(), Arc::new(|| true)),
             shutdown.clone(),
         ));
-        let options = cmd.controller.options(cmd.feature_gates);
-        let timeout = Duration::from_secs_f64(cmd.controller.dashboard_timeout_seconds.max(0.1));
-        rayshift_controller::run(
-            client,
-            cmd.controller.namespace.clone(),
-            options,
-            cmd.controller.route(),
-            timeout,
-            &registry,
-            shutdown,
-        )
-        .await?;
+        let config = cmd.controller.run_config(cmd.feature_gates);
+        rayshift_controller::run(client, config, &registry, shutdown).await?;
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
     })
@@ -158,18 +180,8 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
             shutdown.clone(),
         ));
         let hook_task = tokio::spawn(hook.run(shutdown.clone()));
-        let options = cmd.controller.options(cmd.webhook.feature_gates.clone());
-        let timeout = Duration::from_secs_f64(cmd.controller.dashboard_timeout_seconds.max(0.1));
-        rayshift_controller::run(
-            client,
-            cmd.controller.namespace.clone(),
-            options,
-            cmd.controller.route(),
-            timeout,
-            &registry,
-            shutdown,
-        )
-        .await?;
+        let config = cmd.controller.run_config(cmd.webhook.feature_gates.clone());
+        rayshift_controller::run(client, config, &registry, shutdown).await?;
         hook_task
             .await
             .map_err(|e| CliError::Runtime(std::io::Error::other(e)))??;

@@ -1,0 +1,95 @@
+//! Two controller processes with leader election on the real apiserver: one writer at a time, and the
+//! other takes over within 15 s after the leader is killed.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use kube::{
+    Api,
+    api::{Patch, PatchParams, PostParams},
+};
+use rayshift_api::RayService;
+use serde_json::json;
+use support::{cluster::control_plane, controller::ControllerProcess, dashboard::FakeDashboard, kuberay::KubeRayStandIn};
+
+fn leader(c: &ControllerProcess) -> bool {
+    support::webhook::metric(&c.metrics(), "rayshift_controller_leader") == 1.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
+    let cp = control_plane();
+    let client = cp.client().await;
+    assert!(cp.crds_established(&client).await);
+    let ns = cp.namespace(&client, "leader").await;
+    let dashboard = FakeDashboard::start().await;
+    let _kuberay = KubeRayStandIn::start(client.clone(), &ns);
+    let args = ["--leader-elect", "--leader-election-namespace", ns.as_str(), "--resync-interval-seconds", "2"];
+    let a = ControllerProcess::start(cp, &ns, &dashboard.url_template(), &args);
+    let b = ControllerProcess::start(cp, &ns, &dashboard.url_template(), &args);
+    let mut controllers = [a, b];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        let leaders: Vec<usize> = (0..2).filter(|i| leader(&controllers[*i])).collect();
+        if leaders.len() == 1 {
+            break leaders[0];
+        }
+        assert!(leaders.len() < 2, "two leaders at once\n{}\n---\n{}", controllers[0].logs(), controllers[1].logs());
+        assert!(Instant::now() < deadline, "no leader elected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let other = 1 - first;
+
+    let api: Api<RayService> = Api::namespaced(client.clone(), &ns);
+    let rs: RayService = serde_json::from_value(json!({
+        "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "llm"},
+        "spec": {"managedBy": "rayshift.io/controller", "rayClusterDeletionDelaySeconds": 1,
+            "serveConfigV2": "applications:\n  - name: app\n    import_path: m:app\n",
+            "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "ray:1",
+                "ports": [{"name": "serve", "containerPort": 8000}]}]}}}}}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &rs).await.unwrap();
+    let ready = |rs: &RayService| {
+        rs.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready(&api.get("llm").await.unwrap()) {
+        assert!(Instant::now() < deadline, "not ready\n{}", controllers[first].logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // One writer at a time: the follower made no write.
+    let writes = |c: &ControllerProcess| c.counter_sum("rayshift_kubernetes_writes_total");
+    assert!(writes(&controllers[first]) > 0.0);
+    assert_eq!(writes(&controllers[other]), 0.0, "the follower wrote");
+    assert!(!leader(&controllers[other]));
+
+    // Kill the leader (no chance to release the Lease) and change the spec: the follower takes over.
+    let status = std::process::Command::new("kill").args(["-KILL", &controllers[first].child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let killed = Instant::now();
+    let patch = json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head",
+        "image": "ray:2", "ports": [{"name": "serve", "containerPort": 8000}]}]}}}}}});
+    api.patch("llm", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    while !leader(&controllers[other]) {
+        assert!(killed.elapsed() < Duration::from_secs(15), "no failover within 15 s\n{}", controllers[other].logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let failover = killed.elapsed();
+    println!("failover after {failover:?}");
+    let old = api.get("llm").await.unwrap().status.unwrap().active_service_status.unwrap().ray_cluster_name.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = api.get("llm").await.unwrap().status.unwrap();
+        let active = s.active_service_status.and_then(|a| a.ray_cluster_name);
+        if active.is_some_and(|a| a != old) && s.pending_service_status.is_none() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new leader did not finish the upgrade\n{}", controllers[other].logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(writes(&controllers[other]) > 0.0);
+    let _ = controllers[first].child.wait();
+    controllers[first].alive();
+}
