@@ -42,12 +42,18 @@ pub fn generate_certs(dir: &Path, reuse_ca: bool) {
     );
 }
 
+/// A free loopback port, never the same one twice in this test binary (the OS may hand a just-released
+/// port out again, and two servers of one test would then collide).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut seen = HANDED_OUT.lock().unwrap();
+        if !seen.contains(&port) {
+            seen.push(port);
+            return port;
+        }
+    }
 }
 
 /// A running webhook process; killed on drop.
