@@ -11,7 +11,9 @@ use kube::{
 };
 use rayshift_api::RayService;
 use serde_json::json;
-use support::{cluster::control_plane, controller::ControllerProcess, dashboard::FakeDashboard, kuberay::KubeRayStandIn};
+use support::{
+    cluster::control_plane, controller::ControllerProcess, dashboard::FakeDashboard, kuberay::KubeRayStandIn,
+};
 
 fn leader(c: &ControllerProcess) -> bool {
     support::webhook::metric(&c.metrics(), "rayshift_controller_leader") == 1.0
@@ -25,7 +27,13 @@ async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
     let ns = cp.namespace(&client, "leader").await;
     let dashboard = FakeDashboard::start().await;
     let _kuberay = KubeRayStandIn::start(client.clone(), &ns);
-    let args = ["--leader-elect", "--leader-election-namespace", ns.as_str(), "--resync-interval-seconds", "2"];
+    let args = [
+        "--leader-elect",
+        "--leader-election-namespace",
+        ns.as_str(),
+        "--resync-interval-seconds",
+        "2",
+    ];
     let a = ControllerProcess::start(cp, &ns, &dashboard.url_template(), &args);
     let b = ControllerProcess::start(cp, &ns, &dashboard.url_template(), &args);
     let mut controllers = [a, b];
@@ -35,7 +43,12 @@ async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
         if leaders.len() == 1 {
             break leaders[0];
         }
-        assert!(leaders.len() < 2, "two leaders at once\n{}\n---\n{}", controllers[0].logs(), controllers[1].logs());
+        assert!(
+            leaders.len() < 2,
+            "two leaders at once\n{}\n---\n{}",
+            controllers[0].logs(),
+            controllers[1].logs()
+        );
         assert!(Instant::now() < deadline, "no leader elected");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -52,11 +65,18 @@ async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
     .unwrap();
     api.create(&PostParams::default(), &rs).await.unwrap();
     let ready = |rs: &RayService| {
-        rs.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        rs.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     while !ready(&api.get("llm").await.unwrap()) {
-        assert!(Instant::now() < deadline, "not ready\n{}", controllers[first].logs());
+        assert!(
+            Instant::now() < deadline,
+            "not ready\n{}",
+            controllers[first].logs()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // One writer at a time: the follower made no write.
@@ -66,19 +86,37 @@ async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
     assert!(!leader(&controllers[other]));
 
     // Kill the leader (no chance to release the Lease) and change the spec: the follower takes over.
-    let status = std::process::Command::new("kill").args(["-KILL", &controllers[first].child.id().to_string()]).status().unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &controllers[first].child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(status.success());
     let killed = Instant::now();
     let patch = json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head",
         "image": "ray:2", "ports": [{"name": "serve", "containerPort": 8000}]}]}}}}}});
-    api.patch("llm", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    api.patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
     while !leader(&controllers[other]) {
-        assert!(killed.elapsed() < Duration::from_secs(15), "no failover within 15 s\n{}", controllers[other].logs());
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "no failover within 15 s\n{}",
+            controllers[other].logs()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let failover = killed.elapsed();
     println!("failover after {failover:?}");
-    let old = api.get("llm").await.unwrap().status.unwrap().active_service_status.unwrap().ray_cluster_name.unwrap();
+    let old = api
+        .get("llm")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .active_service_status
+        .unwrap()
+        .ray_cluster_name
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let s = api.get("llm").await.unwrap().status.unwrap();
@@ -86,7 +124,11 @@ async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
         if active.is_some_and(|a| a != old) && s.pending_service_status.is_none() {
             break;
         }
-        assert!(Instant::now() < deadline, "the new leader did not finish the upgrade\n{}", controllers[other].logs());
+        assert!(
+            Instant::now() < deadline,
+            "the new leader did not finish the upgrade\n{}",
+            controllers[other].logs()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(writes(&controllers[other]) > 0.0);

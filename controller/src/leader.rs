@@ -78,7 +78,10 @@ impl LeaderElection {
         let duration_secs = i32::try_from(self.lease_duration.as_secs()).unwrap_or(15);
         let Some(mut lease) = api.get_opt(&self.name).await? else {
             let lease = Lease {
-                metadata: ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() },
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..ObjectMeta::default()
+                },
                 spec: Some(LeaseSpec {
                     holder_identity: Some(self.identity.clone()),
                     lease_duration_seconds: Some(duration_secs),
@@ -97,7 +100,9 @@ impl LeaderElection {
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let expired = spec.renew_time.as_ref().is_none_or(|t| {
-            let ttl = jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(duration_secs)));
+            let ttl = jiff::SignedDuration::from_secs(i64::from(
+                spec.lease_duration_seconds.unwrap_or(duration_secs),
+            ));
             t.0.checked_add(ttl).is_ok_and(|until| until < now.0)
         });
         let mine = holder == self.identity;
@@ -122,7 +127,9 @@ impl LeaderElection {
     }
 
     async fn release(&self, api: &Api<Lease>) {
-        let Ok(Some(mut lease)) = api.get_opt(&self.name).await else { return };
+        let Ok(Some(mut lease)) = api.get_opt(&self.name).await else {
+            return;
+        };
         if lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) != Some(self.identity.as_str()) {
             return;
         }

@@ -37,12 +37,32 @@ pub struct RunConfig {
 }
 
 /// Runs the controller until `shutdown` flips to true; with leader election, only while leading.
-pub async fn run(client: Client, config: RunConfig, registry: &prometheus::Registry, shutdown: signal::Receiver<bool>) -> Result<()> {
+pub async fn run(
+    client: Client,
+    config: RunConfig,
+    registry: &prometheus::Registry,
+    shutdown: signal::Receiver<bool>,
+) -> Result<()> {
     let metrics = metrics::Metrics::register(registry)?;
-    let RunConfig { namespace, options, dashboard_route, dashboard_timeout, leader_election } = config;
+    let RunConfig {
+        namespace,
+        options,
+        dashboard_route,
+        dashboard_timeout,
+        leader_election,
+    } = config;
     let Some(election) = leader_election else {
         metrics.set_leader(true);
-        return run_controller(client, namespace, options, dashboard_route, dashboard_timeout, metrics, shutdown).await;
+        return run_controller(
+            client,
+            namespace,
+            options,
+            dashboard_route,
+            dashboard_timeout,
+            metrics,
+            shutdown,
+        )
+        .await;
     };
     let (leader_tx, mut leading) = signal::channel(false);
     let campaign = tokio::spawn(election.run(client.clone(), leader_tx, shutdown.clone()));
@@ -64,7 +84,16 @@ pub async fn run(client: Client, config: RunConfig, registry: &prometheus::Regis
             }
             let _ = stop_tx.send(true);
         });
-        run_controller(client.clone(), namespace.clone(), options.clone(), dashboard_route.clone(), dashboard_timeout, metrics.clone(), stop_rx).await?;
+        run_controller(
+            client.clone(),
+            namespace.clone(),
+            options.clone(),
+            dashboard_route.clone(),
+            dashboard_timeout,
+            metrics.clone(),
+            stop_rx,
+        )
+        .await?;
         watchdog.abort();
         if *shutdown.borrow() {
             break;

@@ -65,7 +65,10 @@ impl Metrics {
         let role = &["namespace", "name", "role"];
         let gauge = |name: &str, help: &str, labels: &[&str]| GaugeVec::new(Opts::new(name, help), labels);
         let m = Self {
-            leader: prometheus::Gauge::new("rayshift_controller_leader", "1 while this replica holds the leader Lease and reconciles.")?,
+            leader: prometheus::Gauge::new(
+                "rayshift_controller_leader",
+                "1 while this replica holds the leader Lease and reconciles.",
+            )?,
             target_capacity: gauge(
                 "rayshift_rayservice_target_capacity_percent",
                 "Ray Serve target_capacity of the RayService's active or pending cluster.",

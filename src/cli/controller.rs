@@ -21,9 +21,6 @@ pub struct ControllerArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long = "namespace", env = "RAYSHIFT_WATCH_NAMESPACE")]
     namespace: Option<String>,
-    /// spec.managedBy value of the RayServices this controller owns.
-    #[arg(long, default_value = RAYSHIFT_MANAGER)]
-    managed_by: String,
     /// Also own RayServices without managedBy (run instead of KubeRay's RayService controller).
     #[arg(long)]
     reconcile_unmanaged: bool,
@@ -61,9 +58,9 @@ pub struct ControllerArgs {
 }
 
 impl ControllerArgs {
-    fn options(&self, gates: FeatureGates) -> ControllerOptions {
+    fn options(&self, gates: FeatureGates, managed_by: &str) -> ControllerOptions {
         ControllerOptions {
-            managed_by: self.managed_by.clone(),
+            managed_by: managed_by.to_string(),
             reconcile_unmanaged: self.reconcile_unmanaged,
             feature_gates: gates,
             serve_poll_interval: Duration::from_secs_f64(self.serve_poll_interval_seconds.max(0.05)),
@@ -74,7 +71,7 @@ impl ControllerArgs {
         }
     }
 
-    fn run_config(&self, gates: FeatureGates) -> rayshift_controller::RunConfig {
+    fn run_config(&self, gates: FeatureGates, managed_by: &str) -> rayshift_controller::RunConfig {
         let leader_election = self.leader_elect.then(|| {
             let ns = self
                 .leader_election_namespace
@@ -90,7 +87,7 @@ impl ControllerArgs {
         });
         rayshift_controller::RunConfig {
             namespace: self.namespace.clone(),
-            options: self.options(gates),
+            options: self.options(gates, managed_by),
             dashboard_route: self.route(),
             dashboard_timeout: Duration::from_secs_f64(self.dashboard_timeout_seconds.max(0.1)),
             leader_election,
@@ -123,6 +120,9 @@ impl ControllerArgs {
 pub struct Command {
     #[command(flatten)]
     controller: ControllerArgs,
+    /// spec.managedBy value of the RayServices this controller owns.
+    #[arg(long, default_value = RAYSHIFT_MANAGER)]
+    managed_by: String,
     /// Feature gates, Kubernetes syntax: RayServiceIncrementalUpgrade=true.
     #[arg(long, value_parser = parse_gates, default_value = "", env = "RAYSHIFT_FEATURE_GATES")]
     feature_gates: FeatureGates,
@@ -145,7 +145,7 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
             server::admin_router(registry.clone(), Arc::new(|| true)),
             shutdown.clone(),
         ));
-        let config = cmd.controller.run_config(cmd.feature_gates);
+        let config = cmd.controller.run_config(cmd.feature_gates, &cmd.managed_by);
         rayshift_controller::run(client, config, &registry, shutdown).await?;
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
@@ -180,7 +180,9 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
             shutdown.clone(),
         ));
         let hook_task = tokio::spawn(hook.run(shutdown.clone()));
-        let config = cmd.controller.run_config(cmd.webhook.feature_gates.clone());
+        let config = cmd
+            .controller
+            .run_config(cmd.webhook.feature_gates.clone(), &cmd.webhook.managed_by);
         rayshift_controller::run(client, config, &registry, shutdown).await?;
         hook_task
             .await

@@ -182,3 +182,14 @@ fn rayservice_documents(files: &[PathBuf]) -> Result<Vec<Value>, CliError> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every subcommand's arguments are consistent (no duplicate names between flattened groups).
+    #[test]
+    fn cli_definition_is_valid() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -47,7 +47,11 @@ pub fn generate_certs(dir: &Path, reuse_ca: bool) {
 pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     loop {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let mut seen = HANDED_OUT.lock().unwrap();
         if !seen.contains(&port) {
             seen.push(port);
