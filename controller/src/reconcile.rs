@@ -389,39 +389,57 @@ async fn invalid(
     previous: &RayServiceStatuses,
     message: &str,
 ) -> Result<Action> {
-    let mut status = previous.clone();
-    let generation = rs.metadata.generation.unwrap_or_default();
-    let wanted = [Wanted::new(
-        conditions::READY,
-        false,
-        reason::VALIDATION_FAILED,
-        message,
-    )];
-    status.conditions = Some(conditions::merge(
-        previous.conditions.as_deref().unwrap_or_default(),
-        &wanted,
-        &[],
-        generation,
-        &Time(Timestamp::now()),
-    ));
-    status.service_status = Some(String::new());
-    if conditions::status_changed(Some(previous), &status) {
-        ctx.event(
-            rs,
-            EventType::Warning,
-            "InvalidRayServiceSpec",
-            "Validate",
-            format!(
-                "{}/{}: {message}",
-                rs.namespace().unwrap_or_default(),
-                rs.name_any()
-            ),
-        )
-        .await;
-        write_status(rs, ctx, &status).await?;
-    }
+    let note = format!(
+        "{}/{}: {message}",
+        rs.namespace().unwrap_or_default(),
+        rs.name_any()
+    );
+    let held = NotReady {
+        reason: reason::VALIDATION_FAILED,
+        event: "InvalidRayServiceSpec",
+        action: "Validate",
+    };
+    held.record(rs, ctx, previous, message, note).await?;
     // Existing clusters keep running; nothing to do until the spec changes.
     Ok(Action::await_change())
+}
+
+/// Holding a RayService not Ready for a reason the user must fix: the condition, one Warning event when it
+/// first appears, and a status write only then.
+struct NotReady {
+    reason: &'static str,
+    event: &'static str,
+    action: &'static str,
+}
+
+impl NotReady {
+    async fn record(
+        &self,
+        rs: &RayService,
+        ctx: &Context,
+        previous: &RayServiceStatuses,
+        message: &str,
+        note: String,
+    ) -> Result<()> {
+        let mut status = previous.clone();
+        let wanted = [Wanted::new(conditions::READY, false, self.reason, message)];
+        let generation = rs.metadata.generation.unwrap_or_default();
+        let prev = previous.conditions.as_deref().unwrap_or_default();
+        status.conditions = Some(conditions::merge(
+            prev,
+            &wanted,
+            &[],
+            generation,
+            &Time(Timestamp::now()),
+        ));
+        status.service_status = Some(String::new());
+        if conditions::status_changed(Some(previous), &status) {
+            ctx.event(rs, EventType::Warning, self.event, self.action, note)
+                .await;
+            write_status(rs, ctx, &status).await?;
+        }
+        Ok(())
+    }
 }
 
 fn cluster_facts(s: &Seen) -> ClusterFacts {
@@ -570,22 +588,10 @@ async fn apply_cluster_actions(
             ClusterAction::Create { name } => {
                 // A pending cluster of an incremental upgrade starts from minReplicas, as in KubeRay.
                 let unset = incremental && decision.active.is_some();
-                let body = children::ray_cluster(rs, name, None, unset);
-                ctx.metrics.api_write("RayCluster", "apply");
-                api.patch(
-                    name,
-                    &PatchParams::apply(&ctx.options.field_manager).force(),
-                    &Patch::Apply(&body),
-                )
-                .await?;
-                ctx.event(
-                    rs,
-                    EventType::Normal,
-                    "CreatedRayCluster",
-                    "Create",
-                    format!("Created RayCluster {ns}/{name}"),
-                )
-                .await;
+                apply_cluster(ctx, api, name, &children::ray_cluster(rs, name, None, unset)).await?;
+                let note = format!("Created RayCluster {ns}/{name}");
+                ctx.event(rs, EventType::Normal, "CreatedRayCluster", "Create", note)
+                    .await;
             }
             ClusterAction::UpdateSpec { name } => {
                 // Keep the replica counts the autoscaler chose.
@@ -593,22 +599,16 @@ async fn apply_cluster_actions(
                     .get(name)
                     .filter(|_| rs.spec.ray_cluster_config.autoscaling_enabled())
                     .map(|s| current_replicas(&s.cluster));
-                let body = children::ray_cluster(rs, name, keep.as_ref(), false);
-                ctx.metrics.api_write("RayCluster", "apply");
-                api.patch(
+                apply_cluster(
+                    ctx,
+                    api,
                     name,
-                    &PatchParams::apply(&ctx.options.field_manager).force(),
-                    &Patch::Apply(&body),
+                    &children::ray_cluster(rs, name, keep.as_ref(), false),
                 )
                 .await?;
-                ctx.event(
-                    rs,
-                    EventType::Normal,
-                    "UpdatedRayCluster",
-                    "Update",
-                    format!("Updated RayCluster {ns}/{name} in place"),
-                )
-                .await;
+                let note = format!("Updated RayCluster {ns}/{name} in place");
+                ctx.event(rs, EventType::Normal, "UpdatedRayCluster", "Update", note)
+                    .await;
             }
             ClusterAction::UpdateScale { name } => {
                 let Some(s) = seen.get(name) else { continue };
@@ -665,6 +665,18 @@ async fn apply_cluster_actions(
             }
         }
     }
+    Ok(())
+}
+
+/// Server-side apply of a whole RayCluster with rayshift's field manager.
+async fn apply_cluster(ctx: &Context, api: &Api<RayCluster>, name: &str, body: &Value) -> Result<()> {
+    ctx.metrics.api_write("RayCluster", "apply");
+    api.patch(
+        name,
+        &PatchParams::apply(&ctx.options.field_manager).force(),
+        &Patch::Apply(body),
+    )
+    .await?;
     Ok(())
 }
 
@@ -814,31 +826,13 @@ async fn gateway_api_missing(
     previous: &RayServiceStatuses,
 ) -> Result<Action> {
     let message = "NewClusterWithIncrementalUpgrade needs the Gateway API (gateway.networking.k8s.io/v1 Gateway and HTTPRoute CRDs) and a Gateway controller; install them or use NewCluster";
-    let mut status = previous.clone();
-    let wanted = [Wanted::new(
-        conditions::READY,
-        false,
-        reason::GATEWAY_API_UNAVAILABLE,
-        message,
-    )];
-    status.conditions = Some(conditions::merge(
-        previous.conditions.as_deref().unwrap_or_default(),
-        &wanted,
-        &[],
-        rs.metadata.generation.unwrap_or_default(),
-        &Time(Timestamp::now()),
-    ));
-    if conditions::status_changed(Some(previous), &status) {
-        ctx.event(
-            rs,
-            EventType::Warning,
-            "GatewayAPIUnavailable",
-            "Reconcile",
-            message.to_string(),
-        )
-        .await;
-        write_status(rs, ctx, &status).await?;
-    }
+    let held = NotReady {
+        reason: reason::GATEWAY_API_UNAVAILABLE,
+        event: "GatewayAPIUnavailable",
+        action: "Reconcile",
+    };
+    held.record(rs, ctx, previous, message, message.to_string())
+        .await?;
     Ok(Action::requeue(Duration::from_secs(60)))
 }
 
