@@ -18,6 +18,14 @@ use support::{
     kuberay::KubeRayStandIn,
 };
 
+/// rayshift-system, created once for both tests (two concurrent applies would race to create it).
+fn system_namespace(cp: &support::cluster::ControlPlane) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        system_namespace(cp);
+    });
+}
+
 #[test]
 fn kustomization_passes_a_server_side_dry_run() {
     let cp = control_plane();
