@@ -22,7 +22,11 @@ use support::{
 fn system_namespace(cp: &support::cluster::ControlPlane) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        system_namespace(cp);
+        cp.kubectl(&[
+            "apply",
+            "-f",
+            &repo().join("manifests/deploy/namespace.yaml").to_string_lossy(),
+        ]);
     });
 }
 
@@ -31,11 +35,7 @@ fn kustomization_passes_a_server_side_dry_run() {
     let cp = control_plane();
     let overlay = repo().join("manifests/overlays/no-cert-manager");
     // Namespaced objects need their namespace to exist, even in a dry run.
-    cp.kubectl(&[
-        "apply",
-        "-f",
-        &repo().join("manifests/deploy/namespace.yaml").to_string_lossy(),
-    ]);
+    system_namespace(cp);
     let out = cp.kubectl_output(&["apply", "-k", &overlay.to_string_lossy(), "--dry-run=server"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -78,11 +78,7 @@ fn kustomization_passes_a_server_side_dry_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_needs_nothing_beyond_its_cluster_role() {
     let cp = control_plane();
-    cp.kubectl(&[
-        "apply",
-        "-f",
-        &repo().join("manifests/deploy/namespace.yaml").to_string_lossy(),
-    ]);
+    system_namespace(cp);
     cp.kubectl(&[
         "apply",
         "-f",
