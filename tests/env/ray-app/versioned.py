@@ -1,0 +1,16 @@
+"""A tiny Serve application whose response names its version (v1, v2, ...), for the real-Ray tests."""
+from ray import serve
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Versioned:
+    def __init__(self, version: str):
+        self.version = version
+
+    async def __call__(self, request) -> str:
+        return self.version
+
+
+def build(args: dict):
+    """Application builder: `import_path: versioned:build` with `args: {version: v2}`."""
+    return Versioned.bind(args.get("version", "v1"))

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Real Ray Serve heads for the end-to-end tests (groundwork for the real-Ray issue; not yet run by CI).
+# Each head runs inside its own network namespace joined to the host by a veth pair with private test
+# addresses, so no Ray traffic leaves this machine's own test hosts and `ray stop` never touches another head.
+#
+#   ray.sh install                     venv with ray[serve]==2.60.0, cached outside the repo
+#   ray.sh start NAME INDEX APPDIR     head in netns NAME at 10.250.INDEX.2 (dashboard :8265, Serve :8000)
+#   ray.sh stop NAME                   stop that head and remove its namespace
+set -euo pipefail
+
+RAY_VERSION=2.60.0
+CACHE="${RAYSHIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift}"
+VENV="$CACHE/ray-$RAY_VERSION"
+export RAY_USAGE_STATS_ENABLED=0
+
+log() { echo "ray: $*" >&2; }
+
+install() {
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/.ray.lock"
+  flock 9
+  if [ -x "$VENV/bin/ray" ] && "$VENV/bin/python" -c "import ray; assert ray.__version__ == '$RAY_VERSION'" 2>/dev/null; then
+    log "ray $RAY_VERSION cached in $VENV"
+    return
+  fi
+  command -v ip >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q "ray[serve]==$RAY_VERSION"
+  log "installed ray $RAY_VERSION into $VENV"
+}
+
+start() {
+  local name=${1:?name} index=${2:?index} appdir=${3:?app dir}
+  local host_if="rs${index}h" ns_if="rs${index}n" host_ip="10.250.${index}.1" ns_ip="10.250.${index}.2"
+  ip netns add "$name"
+  ip link add "$host_if" type veth peer name "$ns_if"
+  ip link set "$ns_if" netns "$name"
+  ip addr add "$host_ip/24" dev "$host_if"
+  ip link set "$host_if" up
+  ip netns exec "$name" ip addr add "$ns_ip/24" dev "$ns_if"
+  ip netns exec "$name" ip link set "$ns_if" up
+  ip netns exec "$name" ip link set lo up
+  local tmp="/tmp/ray-$name"
+  mkdir -p "$tmp"
+  ip netns exec "$name" env PYTHONPATH="$appdir" "$VENV/bin/ray" start --head --port 6379 \
+    --dashboard-host 0.0.0.0 --dashboard-port 8265 --include-dashboard true --num-cpus 2 \
+    --disable-usage-stats --temp-dir "$tmp" >"$tmp.log" 2>&1
+  for _ in $(seq 120); do
+    curl -sf "http://$ns_ip:8265/api/serve/applications/" >/dev/null 2>&1 && { echo "http://$ns_ip:8265"; return; }
+    sleep 0.5
+  done
+  log "head $name did not become ready (see $tmp.log)"
+  return 1
+}
+
+stop() {
+  local name=${1:?name}
+  ip netns exec "$name" "$VENV/bin/ray" stop --force >/dev/null 2>&1 || true
+  for pid in $(ip netns pids "$name" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+  ip netns del "$name" 2>/dev/null || true
+  rm -rf "/tmp/ray-$name" "/tmp/ray-$name.log"
+}
+
+case "${1:-}" in
+  install) install ;;
+  start) shift; start "$@" ;;
+  stop) shift; stop "$@" ;;
+  *) echo "usage: $0 install | start NAME INDEX APPDIR | stop NAME" >&2; exit 2 ;;
+esac
