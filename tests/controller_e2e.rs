@@ -20,6 +20,7 @@ use support::{
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     kuberay::KubeRayStandIn,
+    status::{active, condition, pending},
 };
 
 struct Env {
@@ -159,35 +160,6 @@ impl Env {
             })
             .collect()
     }
-}
-
-/// (status, reason) of a condition.
-fn condition(rs: &RayService, type_: &str) -> Option<(String, String)> {
-    rs.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone()))
-}
-
-fn active(rs: &RayService) -> Option<String> {
-    rs.status
-        .as_ref()?
-        .active_service_status
-        .as_ref()?
-        .ray_cluster_name
-        .clone()
-}
-
-fn pending(rs: &RayService) -> Option<String> {
-    rs.status
-        .as_ref()?
-        .pending_service_status
-        .as_ref()?
-        .ray_cluster_name
-        .clone()
 }
 
 fn rayservice(name: &str, strategy: Option<&str>, image: &str) -> Value {

@@ -22,6 +22,7 @@ use support::{
     gateway::GatewayStandIn,
     kuberay::KubeRayStandIn,
     observer::Observer,
+    status::{active, condition, pending},
 };
 
 struct Env {
@@ -206,34 +207,6 @@ fn rayservice(surge: i32, step: i32, interval: i32, image: &str) -> Value {
             }
         }
     })
-}
-
-fn active(rs: &RayService) -> Option<String> {
-    rs.status
-        .as_ref()?
-        .active_service_status
-        .as_ref()?
-        .ray_cluster_name
-        .clone()
-}
-
-fn pending(rs: &RayService) -> Option<String> {
-    rs.status
-        .as_ref()?
-        .pending_service_status
-        .as_ref()?
-        .ray_cluster_name
-        .clone()
-}
-
-fn condition(rs: &RayService, type_: &str) -> Option<(String, String)> {
-    rs.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -41,50 +41,32 @@ static WITHOUT_GATEWAY: OnceLock<ControlPlane> = OnceLock::new();
 
 /// A control plane of this test binary with rayshift's CRDs but no Gateway API.
 pub fn control_plane_without_gateway_api() -> &'static ControlPlane {
-    WITHOUT_GATEWAY.get_or_init(|| {
-        let cp = ControlPlane::start();
-        cp.kubectl(&[
-            "apply",
-            "-f",
-            &repo().join("manifests/crds/crds.yaml").to_string_lossy(),
-        ]);
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd",
-            "--all",
-        ]);
-        cp
-    })
+    WITHOUT_GATEWAY.get_or_init(|| ControlPlane::start().with_crds(&["manifests/crds/crds.yaml"]))
 }
 
 /// The control plane of this test binary, started (and given the CRDs) on first use.
 pub fn control_plane() -> &'static ControlPlane {
     SHARED.get_or_init(|| {
-        let cp = ControlPlane::start();
-        cp.kubectl(&[
-            "apply",
-            "-f",
-            &repo().join("manifests/crds/crds.yaml").to_string_lossy(),
-        ]);
-        cp.kubectl(&[
-            "apply",
-            "-f",
-            &repo().join("manifests/gateway-api/crds.yaml").to_string_lossy(),
-        ]);
-        cp.kubectl(&[
+        ControlPlane::start().with_crds(&["manifests/crds/crds.yaml", "manifests/gateway-api/crds.yaml"])
+    })
+}
+
+impl ControlPlane {
+    /// Installs CRD files (repository paths) and waits until they are established.
+    pub fn with_crds(self, files: &[&str]) -> Self {
+        for f in files {
+            self.kubectl(&["apply", "-f", &repo().join(f).to_string_lossy()]);
+        }
+        self.kubectl(&[
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
             "crd",
             "--all",
         ]);
-        cp
-    })
-}
+        self
+    }
 
-impl ControlPlane {
     /// Starts a new control plane in a fresh directory; it stops when this process exits.
     pub fn start() -> Self {
         let dir = tempfile::Builder::new()

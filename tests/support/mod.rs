@@ -7,4 +7,5 @@ pub mod dashboard;
 pub mod gateway;
 pub mod kuberay;
 pub mod observer;
+pub mod status;
 pub mod webhook;

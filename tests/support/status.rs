@@ -1,0 +1,34 @@
+//! Reading a RayService's status in tests.
+
+use rayshift_api::RayService;
+
+/// The active cluster's name.
+pub fn active(rs: &RayService) -> Option<String> {
+    rs.status
+        .as_ref()?
+        .active_service_status
+        .as_ref()?
+        .ray_cluster_name
+        .clone()
+}
+
+/// The pending cluster's name.
+pub fn pending(rs: &RayService) -> Option<String> {
+    rs.status
+        .as_ref()?
+        .pending_service_status
+        .as_ref()?
+        .ray_cluster_name
+        .clone()
+}
+
+/// (status, reason) of a condition.
+pub fn condition(rs: &RayService, type_: &str) -> Option<(String, String)> {
+    rs.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
