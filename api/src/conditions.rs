@@ -18,7 +18,6 @@ pub mod reason {
     pub const BOTH_CLUSTERS_EXIST: &str = "BothActivePendingClustersExist";
     pub const NO_PENDING_CLUSTER: &str = "NoPendingCluster";
     pub const DASHBOARD_UNREACHABLE: &str = "DashboardUnreachable";
-    pub const FEATURE_GATE_DISABLED: &str = "FeatureGateDisabled";
     pub const GATEWAY_API_UNAVAILABLE: &str = "GatewayAPIUnavailable";
 }
 

@@ -240,13 +240,3 @@ impl RayServiceSpec {
             .unwrap_or(DEFAULT_DELETION_DELAY_SECONDS)
     }
 }
-
-impl RayServiceStatuses {
-    /// A pending cluster is named: an upgrade (or first creation) is under way.
-    pub fn has_pending_cluster(&self) -> bool {
-        self.pending_service_status
-            .as_ref()
-            .and_then(|p| p.ray_cluster_name.as_deref())
-            .is_some_and(|n| !n.is_empty())
-    }
-}

@@ -6,16 +6,12 @@
 //! own `upgradeAbort`, `rejectedSpecDigest`, `lastProgressTime`), so a restarted controller resumes where
 //! the last one stopped.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{
-    Api, ResourceExt,
-    api::{Patch, PatchParams},
-    runtime::events::EventType,
-};
+use kube::{Api, ResourceExt, runtime::events::EventType};
 use rayshift_api::{
     RayCluster, RayService,
     cluster_spec::SPEC_HASH_ANNOTATION,
@@ -135,7 +131,7 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Op
     for cluster in [p.active, p.pending].into_iter().flatten() {
         apply_cluster_serve_service(p, cluster).await?;
     }
-    apply_gateway(p, &options).await?;
+    apply_gateway(p).await?;
     if p.active.is_some() {
         apply_route(p, status).await?;
     }
@@ -569,11 +565,10 @@ async fn apply_cluster_serve_service(p: &Pass<'_>, cluster: &RayCluster) -> Resu
     }]);
     body["metadata"]["labels"][children::ORIGINATED_FROM_CR_NAME] = json!(cluster.name_any());
     body["metadata"]["labels"][children::SERVE_LABEL] = json!(format!("{}-serve", cluster.name_any()));
-    crate::reconcile::apply_child(p.ctx, p.ns, "Service", body).await
+    crate::reconcile::apply_child::<k8s_openapi::api::core::v1::Service>(p.ctx, p.ns, body).await
 }
 
-async fn apply_gateway(p: &Pass<'_>, options: &UpgradeOptions) -> Result<()> {
-    let _ = options;
+async fn apply_gateway(p: &Pass<'_>) -> Result<()> {
     let rs_name = p.rs.name_any();
     let class =
         p.rs.spec
@@ -586,9 +581,9 @@ async fn apply_gateway(p: &Pass<'_>, options: &UpgradeOptions) -> Result<()> {
         "spec": {"gatewayClassName": class, "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}
     }))
     .expect("a well-formed Gateway");
-    apply_typed(
-        p,
-        "Gateway",
+    crate::reconcile::apply_child::<Gateway>(
+        p.ctx,
+        p.ns,
         serde_json::to_value(&gateway).expect("Gateways serialize"),
     )
     .await
@@ -627,43 +622,12 @@ async fn apply_route(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<()> {
         }
     }))
     .expect("a well-formed HTTPRoute");
-    apply_typed(
-        p,
-        "HTTPRoute",
+    crate::reconcile::apply_child::<HttpRoute>(
+        p.ctx,
+        p.ns,
         serde_json::to_value(&route).expect("routes serialize"),
     )
     .await
-}
-
-async fn apply_typed(p: &Pass<'_>, kind: &str, body: Value) -> Result<()> {
-    let (body, digest) = children::stamp(body);
-    let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    let pp = PatchParams::apply(&p.ctx.options.field_manager).force();
-    let existing_digest = |a: &BTreeMap<String, String>| a.get(children::APPLIED_ANNOTATION) == Some(&digest);
-    if kind == "Gateway" {
-        let api: Api<Gateway> = Api::namespaced(p.ctx.client.clone(), p.ns);
-        if api
-            .get_opt(&name)
-            .await?
-            .is_some_and(|g| existing_digest(g.annotations()))
-        {
-            return Ok(());
-        }
-        p.ctx.metrics.api_write(kind, "apply");
-        api.patch(&name, &pp, &Patch::Apply(&body)).await?;
-    } else {
-        let api: Api<HttpRoute> = Api::namespaced(p.ctx.client.clone(), p.ns);
-        if api
-            .get_opt(&name)
-            .await?
-            .is_some_and(|r| existing_digest(r.annotations()))
-        {
-            return Ok(());
-        }
-        p.ctx.metrics.api_write(kind, "apply");
-        api.patch(&name, &pp, &Patch::Apply(&body)).await?;
-    }
-    Ok(())
 }
 
 /// Gateway Accepted and Programmed, route Accepted and ResolvedRefs for its current generation.

@@ -259,10 +259,10 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         }
     }
     if let Some(target) = &decision.serve_target {
-        apply_child(&ctx, &ns, "Service", children::head_service(&rs, target)).await?;
+        apply_child::<Service>(&ctx, &ns, children::head_service(&rs, target)).await?;
         // Incremental mode routes through the Gateway to per-cluster serve Services instead.
         if !incremental {
-            apply_child(&ctx, &ns, "Service", children::serve_service(&rs, target)).await?;
+            apply_child::<Service>(&ctx, &ns, children::serve_service(&rs, target)).await?;
         }
     }
     ctx.cache().retain(|(n, c), _| {
@@ -726,16 +726,22 @@ async fn serving_cluster(client: &Client, rs: &RayService) -> Result<Option<Stri
 }
 
 /// Server-side apply of a child, skipped when what rayshift applied last is unchanged.
-pub(crate) async fn apply_child(ctx: &Context, ns: &str, kind: &str, body: Value) -> Result<()> {
+pub(crate) async fn apply_child<K>(ctx: &Context, ns: &str, body: Value) -> Result<()>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
     let (body, digest) = children::stamp(body);
     let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    let api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
     if let Some(existing) = api.get_opt(&name).await?
         && existing.annotations().get(APPLIED_ANNOTATION) == Some(&digest)
     {
         return Ok(());
     }
-    ctx.metrics.api_write(kind, "apply");
+    ctx.metrics.api_write(&K::kind(&()), "apply");
     api.patch(
         &name,
         &PatchParams::apply(&ctx.options.field_manager).force(),

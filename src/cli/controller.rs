@@ -9,9 +9,8 @@ use kube::{
 use prometheus::Registry;
 use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER};
 use rayshift_controller::{ControllerOptions, dashboard};
-use rayshift_webhook::server;
 
-use super::{CliError, logging::LogArgs, parse_gates, shutdown, webhook};
+use super::{CliError, logging::LogArgs, parse_gates, runtime, serve_metrics, shutdown, webhook};
 
 #[derive(Debug, clap::Args)]
 pub struct ControllerArgs {
@@ -139,12 +138,7 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
         let registry = Registry::new();
         let shutdown = shutdown::on_signal();
         let client = cmd.controller.client().await?;
-        let admin = server::bind(cmd.metrics_addr, "metrics").await?;
-        let admin_task = tokio::spawn(server::serve_admin(
-            admin,
-            server::admin_router(registry.clone(), Arc::new(|| true)),
-            shutdown.clone(),
-        ));
+        let admin_task = serve_metrics(cmd.metrics_addr, &registry, Arc::new(|| true), &shutdown).await?;
         let config = cmd.controller.run_config(cmd.feature_gates, &cmd.managed_by);
         rayshift_controller::run(client, config, &registry, shutdown).await?;
         admin_task.abort();
@@ -173,12 +167,7 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
         let shutdown = shutdown::on_signal();
         let client = cmd.controller.client().await?;
         let hook = rayshift_webhook::Webhook::bind(webhook_options, &registry).await?;
-        let admin = server::bind(cmd.metrics_addr, "metrics").await?;
-        let admin_task = tokio::spawn(server::serve_admin(
-            admin,
-            server::admin_router(registry.clone(), hook.readiness()),
-            shutdown.clone(),
-        ));
+        let admin_task = serve_metrics(cmd.metrics_addr, &registry, hook.readiness(), &shutdown).await?;
         let hook_task = tokio::spawn(hook.run(shutdown.clone()));
         let config = cmd
             .controller
@@ -190,11 +179,4 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
     })
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(CliError::Runtime)
 }

@@ -147,6 +147,30 @@ impl DefaultsArgs {
     }
 }
 
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)
+}
+
+/// Binds `--metrics-addr` and serves `/metrics`, `/healthz` and `/readyz` on it until shutdown.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    registry: &prometheus::Registry,
+    ready: std::sync::Arc<dyn Fn() -> bool + Send + Sync>,
+    shutdown: &tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<Result<(), rayshift_webhook::Error>>, CliError> {
+    use rayshift_webhook::server;
+    let listener = server::bind(addr, "metrics").await?;
+    let router = server::admin_router(registry.clone(), ready);
+    Ok(tokio::spawn(server::serve_admin(
+        listener,
+        router,
+        shutdown.clone(),
+    )))
+}
+
 pub fn parse_gates(s: &str) -> Result<FeatureGates, String> {
     s.parse::<FeatureGates>().map_err(|e| e.to_string())
 }

@@ -4,13 +4,9 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use prometheus::Registry;
 use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER, validation::ValidationConfig};
-use rayshift_webhook::{
-    Webhook, WebhookOptions,
-    admission::AdmissionConfig,
-    server::{self, ServerSettings},
-};
+use rayshift_webhook::{Webhook, WebhookOptions, admission::AdmissionConfig, server::ServerSettings};
 
-use super::{CliError, DefaultsArgs, logging::LogArgs, parse_gates, shutdown};
+use super::{CliError, DefaultsArgs, logging::LogArgs, parse_gates, runtime, serve_metrics, shutdown};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -83,20 +79,16 @@ pub struct Command {
 pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
     cmd.log.init();
     let options = cmd.webhook.options()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(CliError::Runtime)?;
-    runtime.block_on(async move {
+    runtime()?.block_on(async move {
         let registry = Registry::new();
         let shutdown = shutdown::on_signal();
         let webhook = Webhook::bind(options, &registry).await?;
-        let admin = server::bind(cmd.metrics_addr, "metrics").await?;
-        tracing::info!(webhook = %webhook.local_addr()?, metrics = %admin.local_addr().map_err(|e| rayshift_webhook::Error::Io(e.to_string()))?, "listening");
-        let admin_router = server::admin_router(registry.clone(), webhook.readiness());
-        let admin_task = tokio::spawn(server::serve_admin(admin, admin_router, shutdown.clone()));
+        tracing::info!(webhook = %webhook.local_addr()?, metrics = %cmd.metrics_addr, "listening");
+        let admin_task = serve_metrics(cmd.metrics_addr, &registry, webhook.readiness(), &shutdown).await?;
         webhook.run(shutdown).await?;
-        admin_task.await.map_err(|e| CliError::Runtime(std::io::Error::other(e)))??;
+        admin_task
+            .await
+            .map_err(|e| CliError::Runtime(std::io::Error::other(e)))??;
         Ok(ExitCode::SUCCESS)
     })
 }
