@@ -168,7 +168,7 @@ impl Env {
             &self.ns,
             "llm",
             surge,
-            self.dashboard.clone(),
+            self.dashboard.serving(&self.ns),
         )
     }
 

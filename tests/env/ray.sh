@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Real Ray Serve heads for the end-to-end tests (groundwork for the real-Ray issue; not yet run by CI).
+# Real Ray Serve heads for the end-to-end tests (tests/ray_serve_e2e.rs).
 # Each head runs inside its own network namespace joined to the host by a veth pair with private test
 # addresses, so no Ray traffic leaves this machine's own test hosts and `ray stop` never touches another head.
 #
-#   ray.sh install                     venv with ray[serve]==2.60.0, cached outside the repo
+#   ray.sh install                     venv with ray[serve]==2.60.0 cached outside the repo, plus the apt
+#                                      packages the real-Ray test needs (python3-venv, iproute2, nginx-light)
 #   ray.sh start NAME INDEX APPDIR     head in netns NAME at 10.250.INDEX.2 (dashboard :8265, Serve :8000)
 #   ray.sh stop NAME                   stop that head and remove its namespace
+#   ray.sh venv                        print the venv directory
+#
+# With RAYSHIFT_OWNER_PID set, `start` leaves a watchdog that stops the head once that process has exited.
 set -euo pipefail
 
 RAY_VERSION=2.60.0
 CACHE="${RAYSHIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift}"
 VENV="$CACHE/ray-$RAY_VERSION"
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 export RAY_USAGE_STATS_ENABLED=0
 
 log() { echo "ray: $*" >&2; }
@@ -19,11 +24,21 @@ install() {
   mkdir -p "$CACHE"
   exec 9>"$CACHE/.ray.lock"
   flock 9
+  local missing=()
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v curl >/dev/null || missing+=(curl)
+  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+  python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+  if [ ${#missing[@]} -gt 0 ]; then
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
   if [ -x "$VENV/bin/ray" ] && "$VENV/bin/python" -c "import ray; assert ray.__version__ == '$RAY_VERSION'" 2>/dev/null; then
     log "ray $RAY_VERSION cached in $VENV"
     return
   fi
-  command -v ip >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q "ray[serve]==$RAY_VERSION"
@@ -33,6 +48,9 @@ install() {
 start() {
   local name=${1:?name} index=${2:?index} appdir=${3:?app dir}
   local host_if="rs${index}h" ns_if="rs${index}n" host_ip="10.250.${index}.1" ns_ip="10.250.${index}.2"
+  # A head left behind by a killed run would hold these names.
+  ip link del "$host_if" 2>/dev/null || true
+  ip netns del "$name" 2>/dev/null || true
   ip netns add "$name"
   ip link add "$host_if" type veth peer name "$ns_if"
   ip link set "$ns_if" netns "$name"
@@ -47,7 +65,14 @@ start() {
     --dashboard-host 0.0.0.0 --dashboard-port 8265 --include-dashboard true --num-cpus 2 \
     --disable-usage-stats --temp-dir "$tmp" >"$tmp.log" 2>&1
   for _ in $(seq 120); do
-    curl -sf "http://$ns_ip:8265/api/serve/applications/" >/dev/null 2>&1 && { echo "http://$ns_ip:8265"; return; }
+    if curl -sf "http://$ns_ip:8265/api/serve/applications/" >/dev/null 2>&1; then
+      if [ -n "${RAYSHIFT_OWNER_PID:-}" ]; then
+        setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" stop "$3"' \
+          watchdog "$RAYSHIFT_OWNER_PID" "$SELF" "$name" </dev/null >/dev/null 2>&1 &
+      fi
+      echo "http://$ns_ip:8265"
+      return
+    fi
     sleep 0.5
   done
   log "head $name did not become ready (see $tmp.log)"
@@ -56,8 +81,21 @@ start() {
 
 stop() {
   local name=${1:?name}
-  ip netns exec "$name" "$VENV/bin/ray" stop --force >/dev/null 2>&1 || true
-  for pid in $(ip netns pids "$name" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+  # By PID, never `ray stop`: that kills every Ray process on the machine, whatever its namespace.
+  local pids
+  pids=$(ip netns pids "$name" 2>/dev/null || true)
+  [ -n "$pids" ] && kill -TERM $pids 2>/dev/null || true
+  for _ in $(seq 50); do
+    pids=$(ip netns pids "$name" 2>/dev/null || true)
+    [ -z "$pids" ] && break
+    sleep 0.1
+  done
+  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+  for _ in $(seq 50); do
+    [ -z "$(ip netns pids "$name" 2>/dev/null || true)" ] && break
+    sleep 0.1
+  done
+  # Deleting the namespace also removes the veth pair.
   ip netns del "$name" 2>/dev/null || true
   rm -rf "/tmp/ray-$name" "/tmp/ray-$name.log"
 }
@@ -66,5 +104,6 @@ case "${1:-}" in
   install) install ;;
   start) shift; start "$@" ;;
   stop) shift; stop "$@" ;;
-  *) echo "usage: $0 install | start NAME INDEX APPDIR | stop NAME" >&2; exit 2 ;;
+  venv) echo "$VENV" ;;
+  *) echo "usage: $0 install | start NAME INDEX APPDIR | stop NAME | venv" >&2; exit 2 ;;
 esac

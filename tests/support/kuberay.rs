@@ -1,6 +1,9 @@
 //! Test code playing KubeRay's RayCluster controller (nothing real can run here): for every RayCluster in
 //! a namespace it writes the status KubeRay would, creates the head Pod (and one serving worker Pod) owned
 //! by the cluster and sets their container statuses. The test can break a cluster's head.
+//!
+//! A cluster is brought up once its head has an address: at once with a made-up IP, or (real-Ray test)
+//! when a real Ray head for it is ready, whose address the Pods then carry.
 
 use std::{
     collections::HashSet,
@@ -15,6 +18,9 @@ use kube::{
 };
 use rayshift_api::RayCluster;
 use serde_json::{Value, json};
+
+/// The Pod IP of a cluster's head, once it has one.
+pub type HeadAddress = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 #[derive(Clone, Default)]
 pub struct KubeRayStandIn {
@@ -35,6 +41,11 @@ impl Drop for KubeRayStandIn {
 
 impl KubeRayStandIn {
     pub fn start(client: Client, ns: &str) -> Self {
+        Self::start_with(client, ns, Arc::new(|_| Some("10.0.0.12".to_string())))
+    }
+
+    /// Brings clusters up only once `address` knows their head.
+    pub fn start_with(client: Client, ns: &str, address: HeadAddress) -> Self {
         let mut me = KubeRayStandIn::default();
         let broken = me.broken_heads.clone();
         let all = me.all_heads_broken.clone();
@@ -45,6 +56,7 @@ impl KubeRayStandIn {
                     &client,
                     &ns,
                     &broken,
+                    &address,
                     all.load(std::sync::atomic::Ordering::Relaxed),
                 )
                 .await
@@ -67,6 +79,7 @@ async fn pass(
     client: &Client,
     ns: &str,
     broken: &Mutex<HashSet<String>>,
+    address: &HeadAddress,
     all_broken: bool,
 ) -> Result<(), kube::Error> {
     let clusters: Api<RayCluster> = Api::namespaced(client.clone(), ns);
@@ -76,12 +89,15 @@ async fn pass(
         if c.metadata.deletion_timestamp.is_some() {
             continue;
         }
+        let Some(ip) = address(&name) else {
+            continue;
+        };
         let is_broken = all_broken || broken.lock().unwrap().contains(&name);
         if c.status.as_ref().and_then(|s| s.state.as_deref()) != Some("ready") {
             let status = json!({"status": {
                 "state": "ready", "readyWorkerReplicas": 1, "availableWorkerReplicas": 1, "desiredWorkerReplicas": 1,
                 "observedGeneration": c.metadata.generation,
-                "head": {"podIP": "10.0.0.10", "serviceIP": "10.0.0.11", "podName": format!("{name}-head"), "serviceName": format!("{name}-head-svc")},
+                "head": {"podIP": ip, "serviceIP": "10.0.0.11", "podName": format!("{name}-head"), "serviceName": format!("{name}-head-svc")},
                 "conditions": [{"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady", "message": "",
                                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]
             }});
@@ -119,7 +135,7 @@ async fn pass(
                 json!({"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:01:00Z"}})
             };
             let status = json!({"status": {
-                "phase": "Running", "podIP": "10.0.0.12",
+                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
                 "conditions": [{"type": "Ready", "status": if ray_ok { "True" } else { "False" }}],
                 "containerStatuses": [
                     {"name": ray_container, "ready": ray_ok, "restartCount": 0, "image": "rayproject/ray", "imageID": "", "state": state},

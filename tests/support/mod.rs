@@ -4,8 +4,11 @@
 pub mod cluster;
 pub mod controller;
 pub mod dashboard;
+pub mod dataplane;
 pub mod gateway;
 pub mod kuberay;
+pub mod load;
 pub mod observer;
+pub mod ray;
 pub mod status;
 pub mod webhook;

@@ -3,7 +3,7 @@
 //! - route weights sum to 100;
 //! - a cluster's route weight never exceeds its target capacity;
 //! - active + pending capacity ≤ 100 + maxSurgePercent;
-//! - no weight on a cluster whose Serve apps are not RUNNING (per the fake dashboard);
+//! - no weight on a cluster whose Serve apps are not RUNNING (per the dashboard, fake or real);
 //! - the cluster carrying traffic is never deleted.
 
 use std::{
@@ -21,6 +21,27 @@ use kube::{
 use rayshift_api::{RayCluster, RayService};
 
 use super::dashboard::FakeDashboard;
+
+/// Whether a cluster may carry `weight`% of traffic: Err(why not) when its Serve apps are not RUNNING.
+pub type Serving = Arc<dyn Fn(&str, i64) -> Result<(), String> + Send + Sync>;
+
+impl FakeDashboard {
+    /// The fake dashboard's view: a cluster serves once it got a config, is up and its apps run.
+    pub fn serving(&self, ns: &str) -> Serving {
+        let (dashboard, ns) = (self.clone(), ns.to_string());
+        Arc::new(move |cluster, _weight| {
+            let state = dashboard.get(&ns, cluster);
+            let running = state.config.is_some()
+                && !state.down
+                && state.app_status.as_deref().is_none_or(|s| s == "RUNNING");
+            if running {
+                Ok(())
+            } else {
+                Err("its apps are not RUNNING".into())
+            }
+        })
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct Seen {
@@ -45,7 +66,7 @@ impl Drop for Observer {
 }
 
 impl Observer {
-    pub fn start(client: Client, ns: &str, rs: &str, max_surge: i64, dashboard: FakeDashboard) -> Self {
+    pub fn start(client: Client, ns: &str, rs: &str, max_surge: i64, serving: Serving) -> Self {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let by_name = |n: &str| watcher::Config::default().fields(&format!("metadata.name={n}"));
         let mut tasks = Vec::new();
@@ -96,7 +117,6 @@ impl Observer {
         }));
 
         let s = seen.clone();
-        let ns_owned = ns.to_string();
         let routes: Api<HttpRoute> = Api::namespaced(client.clone(), ns);
         let cfg = by_name(&format!("{rs}-httproute"));
         tasks.push(tokio::spawn(async move {
@@ -125,13 +145,8 @@ impl Observer {
                         .push(format!("route: weights sum to {sum}: {weights:?}"));
                 }
                 for (cluster, w) in weights.iter().filter(|(_, w)| **w > 0) {
-                    let state = dashboard.get(&ns_owned, cluster);
-                    let running = state.config.is_some()
-                        && !state.down
-                        && state.app_status.as_deref().is_none_or(|s| s == "RUNNING");
-                    if !running {
-                        seen.violations
-                            .push(format!("route: {w}% to {cluster} whose apps are not RUNNING"));
+                    if let Err(why) = serving(cluster, *w) {
+                        seen.violations.push(format!("route: {w}% to {cluster}: {why}"));
                     }
                     if let Some(tc) = seen.capacity.get(cluster).copied().filter(|tc| w > tc) {
                         seen.violations

@@ -1,0 +1,110 @@
+//! A steady HTTP load: `rate` requests per second, open loop (a slow answer never delays the next
+//! request), every response kept with its status, body and latency.
+//!
+//! Each request uses a new connection (`Connection: close` semantics): a client-side keep-alive race with
+//! nginx's graceful reload is nginx's and the client's business, not the upgrade's, and would blur the count.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    /// 2xx with this body.
+    Ok(String),
+    /// Any other status, with its body.
+    Status(u16, String),
+    /// No response (connect error, reset, or the client timeout).
+    Error(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Response {
+    pub sent: Instant,
+    pub latency: Duration,
+    pub outcome: Outcome,
+}
+
+impl Response {
+    pub fn body(&self) -> Option<&str> {
+        match &self.outcome {
+            Outcome::Ok(b) => Some(b.trim()),
+            _ => None,
+        }
+    }
+}
+
+pub struct Load {
+    responses: Arc<Mutex<Vec<Response>>>,
+    in_flight: Arc<tokio::sync::Semaphore>,
+    task: tokio::task::JoinHandle<()>,
+    started: Instant,
+}
+
+/// Requests never in flight at once beyond this (a bound well above rate × timeout).
+const MAX_IN_FLIGHT: u32 = 10_000;
+
+impl Load {
+    pub fn start(url: &str, rate: u32, timeout: Duration) -> Self {
+        let responses = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT as usize));
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .timeout(timeout)
+            .build()
+            .unwrap();
+        let (url, sink, permits) = (url.to_string(), responses.clone(), in_flight.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+            loop {
+                tick.tick().await;
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let (http, url, sink) = (http.clone(), url.clone(), sink.clone());
+                tokio::spawn(async move {
+                    let sent = Instant::now();
+                    let outcome = match http.get(&url).send().await {
+                        Ok(r) => {
+                            let status = r.status();
+                            match r.text().await {
+                                Ok(body) if status.is_success() => Outcome::Ok(body),
+                                Ok(body) => Outcome::Status(status.as_u16(), body),
+                                Err(e) => Outcome::Error(e.to_string()),
+                            }
+                        }
+                        Err(e) => Outcome::Error(e.to_string()),
+                    };
+                    sink.lock().unwrap().push(Response {
+                        sent,
+                        latency: sent.elapsed(),
+                        outcome,
+                    });
+                    drop(permit);
+                });
+            }
+        });
+        Load {
+            responses,
+            in_flight,
+            task,
+            started: Instant::now(),
+        }
+    }
+
+    /// Stops sending, waits for every request in flight, and returns all responses in send order.
+    pub async fn stop(self) -> (Duration, Vec<Response>) {
+        self.task.abort();
+        let ran = self.started.elapsed();
+        let _all = self.in_flight.acquire_many(MAX_IN_FLIGHT).await;
+        let mut out = self.responses.lock().unwrap().clone();
+        out.sort_by_key(|r| r.sent);
+        (ran, out)
+    }
+
+    /// Responses so far.
+    pub fn responses(&self) -> Vec<Response> {
+        self.responses.lock().unwrap().clone()
+    }
+}
