@@ -25,6 +25,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "control plane: etcd + kube-apiserver v1.20.2 (installed and built once, cached)"
 bash tests/env/control-plane.sh install
 
+step "real Ray Serve test: ray[serve] venv, nginx, iproute2 (installed once, cached)"
+bash tests/env/ray.sh install
+ray_venv=$(bash tests/env/ray.sh venv)
+
 step "cargo test (workspace)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -32,16 +36,18 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 
-step "no control-plane or webhook process left behind"
+step "no control-plane, webhook, controller, Ray or nginx process left behind"
 cache_bin=$(bash tests/env/control-plane.sh bin)
 for _ in $(seq 30); do
-  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)" || true)
-  [ -z "$left" ] && break
+  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)|$ray_venv/|nginx: master process .*rayshift-nginx-" || true)
+  netns=$(ip netns list 2>/dev/null | grep -o '^rayshift-[0-9-]*' || true)
+  [ -z "$left$netns" ] && break
   sleep 1
 done
-if [ -n "$left" ]; then
-  echo "processes left running after the tests:" >&2
-  ps -o pid,stat,cmd -p $left >&2 || true
+if [ -n "$left$netns" ]; then
+  echo "left behind after the tests:" >&2
+  [ -n "$left" ] && { ps -o pid,stat,cmd -p $left >&2 || true; }
+  [ -n "$netns" ] && echo "network namespaces: $netns" >&2
   exit 1
 fi
 echo "none"

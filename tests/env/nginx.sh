@@ -3,7 +3,8 @@
 # Gateway controller, reloaded gracefully on every HTTPRoute change.
 #
 #   nginx.sh start DIR     run nginx with DIR/nginx.conf (pid and logs in DIR)
-#   nginx.sh reload DIR    graceful reload (new workers take the new config, old ones finish their requests)
+#   nginx.sh reload DIR    graceful reload: returns once no old worker accepts connections any more (new
+#                          workers take the new config, old ones finish the requests they have)
 #   nginx.sh stop DIR      graceful stop, then kill what is left
 #
 # With RAYSHIFT_OWNER_PID set, `start` leaves a watchdog that stops nginx once that process has exited.
@@ -12,6 +13,14 @@ SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 master() { cat "$1/nginx.pid" 2>/dev/null || true; }
+
+# Workers holding nginx's listening socket (the master holds it too, but never accepts).
+accepting() {
+  local dir=$1 m port
+  m=$(master "$dir")
+  port=$(awk '/listen / {sub(/;/, "", $2); n = split($2, a, ":"); print a[n]; exit}' "$dir/nginx.conf")
+  ss -Hltnp "sport = :$port" | grep -o 'pid=[0-9]*' | cut -d= -f2 | grep -vx "$m" | sort -u || true
+}
 
 case "${1:-}" in
   start)
@@ -27,7 +36,18 @@ case "${1:-}" in
   reload)
     dir=${2:?dir}
     "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" -t -q
+    old=$(accepting "$dir")
     kill -HUP "$(master "$dir")"
+    # An old worker may still accept a connection (and route it by the old config) until it has
+    # handled the QUIT the master sends it: the new config is in force only once none does.
+    for _ in $(seq 200); do
+      now=$(accepting "$dir")
+      left=$(comm -12 <(echo "$old") <(echo "$now"))
+      [ -z "$left" ] && exit 0
+      sleep 0.02
+    done
+    echo "nginx: old workers $left still accept connections" >&2
+    exit 1
     ;;
   stop)
     dir=${2:?dir}
@@ -35,7 +55,6 @@ case "${1:-}" in
     [ -n "$pid" ] || exit 0
     kill -QUIT "$pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    pkill -KILL -f "nginx: .*-p $dir " 2>/dev/null || true
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$dir/nginx.pid"
     ;;

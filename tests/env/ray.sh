@@ -17,6 +17,9 @@ CACHE="${RAYSHIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift}"
 VENV="$CACHE/ray-$RAY_VERSION"
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 export RAY_USAGE_STATS_ENABLED=0
+# Network namespaces need root.
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
 
 log() { echo "ray: $*" >&2; }
 
@@ -30,10 +33,8 @@ install() {
   command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
   python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
   if [ ${#missing[@]} -gt 0 ]; then
-    local sudo=""
-    [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
   if [ -x "$VENV/bin/ray" ] && "$VENV/bin/python" -c "import ray; assert ray.__version__ == '$RAY_VERSION'" 2>/dev/null; then
     log "ray $RAY_VERSION cached in $VENV"
@@ -49,19 +50,19 @@ start() {
   local name=${1:?name} index=${2:?index} appdir=${3:?app dir}
   local host_if="rs${index}h" ns_if="rs${index}n" host_ip="10.250.${index}.1" ns_ip="10.250.${index}.2"
   # A head left behind by a killed run would hold these names.
-  ip link del "$host_if" 2>/dev/null || true
-  ip netns del "$name" 2>/dev/null || true
-  ip netns add "$name"
-  ip link add "$host_if" type veth peer name "$ns_if"
-  ip link set "$ns_if" netns "$name"
-  ip addr add "$host_ip/24" dev "$host_if"
-  ip link set "$host_if" up
-  ip netns exec "$name" ip addr add "$ns_ip/24" dev "$ns_if"
-  ip netns exec "$name" ip link set "$ns_if" up
-  ip netns exec "$name" ip link set lo up
+  $SUDO ip link del "$host_if" 2>/dev/null || true
+  $SUDO ip netns del "$name" 2>/dev/null || true
+  $SUDO ip netns add "$name"
+  $SUDO ip link add "$host_if" type veth peer name "$ns_if"
+  $SUDO ip link set "$ns_if" netns "$name"
+  $SUDO ip addr add "$host_ip/24" dev "$host_if"
+  $SUDO ip link set "$host_if" up
+  $SUDO ip netns exec "$name" ip addr add "$ns_ip/24" dev "$ns_if"
+  $SUDO ip netns exec "$name" ip link set "$ns_if" up
+  $SUDO ip netns exec "$name" ip link set lo up
   local tmp="/tmp/ray-$name"
   mkdir -p "$tmp"
-  ip netns exec "$name" env PYTHONPATH="$appdir" "$VENV/bin/ray" start --head --port 6379 \
+  $SUDO ip netns exec "$name" env PYTHONPATH="$appdir" "$VENV/bin/ray" start --head --port 6379 \
     --dashboard-host 0.0.0.0 --dashboard-port 8265 --include-dashboard true --num-cpus 2 \
     --disable-usage-stats --temp-dir "$tmp" >"$tmp.log" 2>&1
   for _ in $(seq 120); do
@@ -83,20 +84,20 @@ stop() {
   local name=${1:?name}
   # By PID, never `ray stop`: that kills every Ray process on the machine, whatever its namespace.
   local pids
-  pids=$(ip netns pids "$name" 2>/dev/null || true)
-  [ -n "$pids" ] && kill -TERM $pids 2>/dev/null || true
+  pids=$($SUDO ip netns pids "$name" 2>/dev/null || true)
+  [ -n "$pids" ] && $SUDO kill -TERM $pids 2>/dev/null || true
   for _ in $(seq 50); do
-    pids=$(ip netns pids "$name" 2>/dev/null || true)
+    pids=$($SUDO ip netns pids "$name" 2>/dev/null || true)
     [ -z "$pids" ] && break
     sleep 0.1
   done
-  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null || true
+  [ -n "$pids" ] && $SUDO kill -KILL $pids 2>/dev/null || true
   for _ in $(seq 50); do
-    [ -z "$(ip netns pids "$name" 2>/dev/null || true)" ] && break
+    [ -z "$($SUDO ip netns pids "$name" 2>/dev/null || true)" ] && break
     sleep 0.1
   done
   # Deleting the namespace also removes the veth pair.
-  ip netns del "$name" 2>/dev/null || true
+  $SUDO ip netns del "$name" 2>/dev/null || true
   rm -rf "/tmp/ray-$name" "/tmp/ray-$name.log"
 }
 

@@ -8,6 +8,8 @@
 //!   forwards the controller's calls to that cluster's real dashboard, unchanged, and keeps every answer
 //!   (what the controller was told, and when).
 //! - A sampler asks every head directly, every 250 ms, what Serve really runs.
+//! - Like KubeRay, each cluster gets a `{cluster}-head-svc` Service; its Endpoints (written here, as no
+//!   endpoints controller runs) hold the head's address, so the apiserver's service proxy reaches it too.
 
 use std::{
     collections::BTreeMap,
@@ -28,9 +30,13 @@ use axum::{
     response::{IntoResponse, Response},
     routing::any,
 };
-use kube::{Api, Client, ResourceExt, api::ListParams};
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, PostParams},
+};
 use rayshift_api::RayCluster;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::{
     cluster::repo,
@@ -149,6 +155,8 @@ struct Shared {
     samples: Mutex<Vec<Sample>>,
     /// RayCluster name -> when its head was stopped.
     stopped: Mutex<BTreeMap<String, Instant>>,
+    /// RayCluster name -> how long its head took to start.
+    ready_after: Mutex<BTreeMap<String, Duration>>,
     failures: Mutex<Vec<String>>,
     next_index: AtomicU32,
     closing: AtomicBool,
@@ -207,17 +215,16 @@ impl RayHeads {
         self.shared.heads.lock().unwrap().get(cluster).cloned()
     }
 
-    /// The Serve HTTP address of a cluster's head.
-    pub fn serve_url(&self, cluster: &str) -> Option<String> {
-        self.head(cluster)?.ip.map(|ip| format!("http://{ip}:8000"))
-    }
-
     pub fn answers(&self) -> Vec<Answer> {
         self.shared.answers.lock().unwrap().clone()
     }
 
     pub fn samples(&self) -> Vec<Sample> {
         self.shared.samples.lock().unwrap().clone()
+    }
+
+    pub fn ready_after(&self, cluster: &str) -> Option<Duration> {
+        self.shared.ready_after.lock().unwrap().get(cluster).copied()
     }
 
     pub fn stopped(&self, cluster: &str) -> Option<Instant> {
@@ -331,7 +338,7 @@ async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
                     ready_after: None,
                 };
                 shared.heads.lock().unwrap().insert(name.clone(), head.clone());
-                tokio::spawn(start_head(shared.clone(), name.clone(), head));
+                tokio::spawn(start_head(clusters.clone(), shared.clone(), name.clone(), head));
             }
             let gone: Vec<(String, Head)> = shared
                 .heads
@@ -367,7 +374,7 @@ async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
     }
 }
 
-async fn start_head(shared: Arc<Shared>, cluster: String, head: Head) {
+async fn start_head(clusters: Api<RayCluster>, shared: Arc<Shared>, cluster: String, head: Head) {
     let app_dir = repo().join("tests/env/ray-app");
     let (netns, index) = (head.netns.clone(), head.index);
     let out = tokio::task::spawn_blocking(move || {
@@ -381,9 +388,18 @@ async fn start_head(shared: Arc<Shared>, cluster: String, head: Head) {
     let ip = format!("10.250.{index}.2");
     match out {
         Ok(Ok(o)) if o.status.success() && !shared.closing.load(Ordering::Relaxed) => {
+            if let Err(e) = publish_head_service(&clusters, &cluster, &ip).await {
+                shared
+                    .failures
+                    .lock()
+                    .unwrap()
+                    .push(format!("the head Service of {cluster}: {e}"));
+            }
+            let took = head.started.elapsed();
+            shared.ready_after.lock().unwrap().insert(cluster.clone(), took);
             if let Some(h) = shared.heads.lock().unwrap().get_mut(&cluster) {
                 h.ip = Some(ip);
-                h.ready_after = Some(head.started.elapsed());
+                h.ready_after = Some(took);
             }
         }
         other => {
@@ -399,6 +415,41 @@ async fn start_head(shared: Arc<Shared>, cluster: String, head: Head) {
                 .push(format!("the head of {cluster} did not start: {why}"));
         }
     }
+}
+
+/// `{cluster}-head-svc` and its Endpoints, owned by the RayCluster (garbage-collected with it).
+async fn publish_head_service(
+    clusters: &Api<RayCluster>,
+    cluster: &str,
+    ip: &str,
+) -> Result<(), kube::Error> {
+    let rc = clusters.get(cluster).await?;
+    let ns = rc.namespace().unwrap_or_default();
+    let client = clusters.clone().into_client();
+    let name = format!("{cluster}-head-svc");
+    let owner = json!([{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster, "uid": rc.metadata.uid, "controller": true}]);
+    let ports = json!([{"name": "dashboard", "port": 8265, "protocol": "TCP"}, {"name": "serve", "port": 8000, "protocol": "TCP"}]);
+    let service: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "ownerReferences": owner, "labels": {"ray.io/cluster": cluster}},
+        "spec": {"ports": ports}
+    }))
+    .unwrap();
+    let endpoints: Endpoints = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Endpoints",
+        "metadata": {"name": name, "ownerReferences": owner, "labels": {"ray.io/cluster": cluster}},
+        // The apiserver's proxy only goes to addresses that name the Pod holding them.
+        "subsets": [{"addresses": [{"ip": ip, "targetRef": {"kind": "Pod", "name": format!("{cluster}-head"), "namespace": ns}}],
+                     "ports": ports}]
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &service)
+        .await?;
+    Api::<Endpoints>::namespaced(client, &ns)
+        .create(&PostParams::default(), &endpoints)
+        .await?;
+    Ok(())
 }
 
 async fn sample(shared: Arc<Shared>) {
