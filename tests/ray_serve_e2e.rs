@@ -91,11 +91,7 @@ fn rayservice(version: &str) -> RayService {
 }
 
 /// Two real Ray heads at a time are what a 2-core machine can take: the tests here run one after another.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Env {
     client: Client,
@@ -403,8 +399,7 @@ fn raises_checked(env: &Env, from: Instant) -> (String, Vec<String>) {
     let live = env.gateway.live();
     let mut last: BTreeMap<String, i64> = live
         .iter()
-        .filter(|c| c.at < from)
-        .next_back()
+        .rfind(|c| c.at < from)
         .map(|c| c.weights.clone())
         .unwrap_or_default();
     for cfg in live.iter().filter(|c| c.at >= from) {
@@ -484,7 +479,7 @@ fn check_phase(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_ray_serve_upgrade_and_rollback_fail_no_request() {
-    let _serial = one_at_a_time();
+    let _serial = ONE_AT_A_TIME.lock().await;
     let began = Instant::now();
     let memory = MemoryPeak::start();
     let cp = control_plane();
@@ -557,8 +552,7 @@ async fn real_ray_serve_upgrade_and_rollback_fail_no_request() {
         .heads
         .samples()
         .into_iter()
-        .filter(|s| s.cluster == first && s.view.is_some())
-        .next_back()
+        .rfind(|s| s.cluster == first && s.view.is_some())
         .and_then(|s| s.view);
     if last_old.as_ref().is_none_or(|v| v.running_replicas() != 0) {
         problems.push(format!(
@@ -680,7 +674,7 @@ async fn real_ray_serve_upgrade_and_rollback_fail_no_request() {
 /// (`{cluster}-head-svc:dashboard`), as rayshift's own least-privilege identity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_dashboard_through_the_apiserver_service_proxy() {
-    let _serial = one_at_a_time();
+    let _serial = ONE_AT_A_TIME.lock().await;
     let cp = control_plane();
     for f in ["manifests/deploy/namespace.yaml", "manifests/deploy/rbac.yaml"] {
         cp.kubectl(&["apply", "-f", &support::cluster::repo().join(f).to_string_lossy()]);
