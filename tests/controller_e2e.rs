@@ -96,33 +96,18 @@ impl Env {
     }
 
     /// Polls `check` until it returns Some, or fails with the controller's logs.
-    async fn eventually<T, F, Fut>(&self, what: &str, secs: u64, mut check: F) -> T
+    async fn eventually<T, F, Fut>(&self, what: &str, secs: u64, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            if Instant::now() > deadline {
-                let logs = self.controller.logs();
-                let tail: Vec<&str> = logs
-                    .lines()
-                    .rev()
-                    .take(25)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                panic!(
-                    "timed out waiting for {what}\n--- controller logs (last 25 lines) ---\n{}",
-                    tail.join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        support::wait::eventually(what, secs, Duration::from_millis(100), check, || async {
+            format!(
+                "--- controller logs (last 25 lines) ---\n{}",
+                support::wait::tail(&self.controller.logs(), 25)
+            )
+        })
+        .await
     }
 
     async fn ready(&self, name: &str) -> RayService {

@@ -83,34 +83,20 @@ impl Env {
             .unwrap();
     }
 
-    async fn eventually<T, F, Fut>(&self, what: &str, secs: u64, mut check: F) -> T
+    async fn eventually<T, F, Fut>(&self, what: &str, secs: u64, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            if Instant::now() > deadline {
-                let logs = self.controller.as_ref().map(|c| c.logs()).unwrap_or_default();
-                let tail: Vec<&str> = logs
-                    .lines()
-                    .rev()
-                    .take(30)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                let status = serde_json::to_string_pretty(&self.get().await.status).unwrap();
-                panic!(
-                    "timed out waiting for {what}\nstatus: {status}\n--- controller logs ---\n{}",
-                    tail.join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        support::wait::eventually(what, secs, Duration::from_millis(50), check, || async {
+            let logs = self.controller.as_ref().map(|c| c.logs()).unwrap_or_default();
+            let status = serde_json::to_string_pretty(&self.get().await.status).unwrap();
+            format!(
+                "status: {status}\n--- controller logs ---\n{}",
+                support::wait::tail(&logs, 30)
+            )
+        })
+        .await
     }
 
     /// Creates the RayService and waits until its first cluster serves all traffic.

@@ -102,7 +102,63 @@ struct Env {
     report: String,
 }
 
+/// How the controller reaches the dashboards.
+enum DashboardRoute {
+    /// Through the test's router, with rayshift's admin kubeconfig.
+    Template,
+    /// Through the apiserver's service proxy, as rayshift's least-privilege ServiceAccount.
+    ApiserverProxy,
+}
+
 impl Env {
+    async fn new(prefix: &str, route: DashboardRoute) -> Self {
+        let cp = control_plane();
+        let client = cp.client().await;
+        assert!(cp.crds_established(&client).await);
+        let ns = cp.namespace(&client, prefix).await;
+        let heads = RayHeads::start(client.clone(), &ns).await;
+        let gateway = NginxGateway::start(client.clone(), &ns).await;
+        let controller = match route {
+            DashboardRoute::Template => ControllerProcess::start(cp, &ns, &heads.url_template(), &[GATE]),
+            DashboardRoute::ApiserverProxy => {
+                for f in ["manifests/deploy/namespace.yaml", "manifests/deploy/rbac.yaml"] {
+                    cp.kubectl(&["apply", "-f", &support::cluster::repo().join(f).to_string_lossy()]);
+                }
+                // A template that leads nowhere: every dashboard call must take the apiserver's proxy.
+                ControllerProcess::start_as(
+                    &cp.dir.join("kubeconfig-rayshift"),
+                    &ns,
+                    "http://127.0.0.1:9/{namespace}/{cluster}",
+                    &[GATE, "--use-kubernetes-proxy"],
+                )
+            }
+        };
+        Env {
+            client,
+            ns,
+            heads,
+            gateway,
+            controller,
+            report: String::new(),
+        }
+    }
+
+    /// Creates the RayService at v1; returns its first cluster once that alone serves all traffic.
+    async fn deploy(&self) -> String {
+        self.rayservices()
+            .create(&PostParams::default(), &rayservice("v1"))
+            .await
+            .unwrap();
+        let first = self
+            .eventually("a first RayCluster", 30, || async {
+                let rs = self.get().await;
+                active(&rs).or_else(|| pending(&rs))
+            })
+            .await;
+        self.settled_on(&first, 240).await;
+        first
+    }
+
     fn rayservices(&self) -> Api<RayService> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
@@ -122,30 +178,22 @@ impl Env {
             .unwrap();
     }
 
-    async fn eventually<T, F, Fut>(&self, what: &str, secs: u64, mut check: F) -> T
+    async fn eventually<T, F, Fut>(&self, what: &str, secs: u64, check: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            if Instant::now() > deadline {
-                let logs = self.controller.logs();
-                let tail: Vec<&str> = logs.lines().rev().take(40).collect();
-                let status = serde_json::to_string_pretty(&self.get().await.status).unwrap();
-                panic!(
-                    "timed out waiting for {what}\nstatus: {status}\nhead failures: {:?}\ndata plane errors: {:?}\ndata plane configs: {:?}\n--- controller logs (newest first) ---\n{}",
-                    self.heads.failures(),
-                    self.gateway.errors(),
-                    self.gateway.live(),
-                    tail.join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        support::wait::eventually(what, secs, Duration::from_millis(100), check, || async {
+            let status = serde_json::to_string_pretty(&self.get().await.status).unwrap();
+            format!(
+                "status: {status}\nhead failures: {:?}\ndata plane errors: {:?}\ndata plane configs: {:?}\n--- controller logs ---\n{}",
+                self.heads.failures(),
+                self.gateway.errors(),
+                self.gateway.live(),
+                support::wait::tail(&self.controller.logs(), 40)
+            )
+        })
+        .await
     }
 
     /// Waits until `cluster` alone carries traffic at full capacity, and nginx serves that.
@@ -482,33 +530,8 @@ async fn real_ray_serve_upgrade_and_rollback_fail_no_request() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let began = Instant::now();
     let memory = MemoryPeak::start();
-    let cp = control_plane();
-    let client = cp.client().await;
-    assert!(cp.crds_established(&client).await);
-    let ns = cp.namespace(&client, "realray").await;
-    let heads = RayHeads::start(client.clone(), &ns).await;
-    let gateway = NginxGateway::start(client.clone(), &ns).await;
-    let controller = ControllerProcess::start(cp, &ns, &heads.url_template(), &[GATE]);
-    let mut env = Env {
-        client,
-        ns,
-        heads,
-        gateway,
-        controller,
-        report: String::new(),
-    };
-
-    env.rayservices()
-        .create(&PostParams::default(), &rayservice("v1"))
-        .await
-        .unwrap();
-    let first = env
-        .eventually("a first RayCluster", 30, || async {
-            let rs = env.get().await;
-            active(&rs).or_else(|| pending(&rs))
-        })
-        .await;
-    env.settled_on(&first, 240).await;
+    let mut env = Env::new("realray", DashboardRoute::Template).await;
+    let first = env.deploy().await;
     let deployed = began.elapsed();
     let observer = Observer::start(
         env.client.clone(),
@@ -675,41 +698,8 @@ async fn real_ray_serve_upgrade_and_rollback_fail_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_dashboard_through_the_apiserver_service_proxy() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let cp = control_plane();
-    for f in ["manifests/deploy/namespace.yaml", "manifests/deploy/rbac.yaml"] {
-        cp.kubectl(&["apply", "-f", &support::cluster::repo().join(f).to_string_lossy()]);
-    }
-    let client = cp.client().await;
-    assert!(cp.crds_established(&client).await);
-    let ns = cp.namespace(&client, "realproxy").await;
-    let heads = RayHeads::start(client.clone(), &ns).await;
-    let gateway = NginxGateway::start(client.clone(), &ns).await;
-    // A template that leads nowhere: every dashboard call must take the apiserver's proxy.
-    let controller = ControllerProcess::start_as(
-        &cp.dir.join("kubeconfig-rayshift"),
-        &ns,
-        "http://127.0.0.1:9/{namespace}/{cluster}",
-        &[GATE, "--use-kubernetes-proxy"],
-    );
-    let env = Env {
-        client,
-        ns,
-        heads,
-        gateway,
-        controller,
-        report: String::new(),
-    };
-    env.rayservices()
-        .create(&PostParams::default(), &rayservice("v1"))
-        .await
-        .unwrap();
-    let first = env
-        .eventually("a first RayCluster", 30, || async {
-            let rs = env.get().await;
-            active(&rs).or_else(|| pending(&rs))
-        })
-        .await;
-    env.settled_on(&first, 240).await;
+    let env = Env::new("realproxy", DashboardRoute::ApiserverProxy).await;
+    let first = env.deploy().await;
     let view = env.heads.view(&first).await.expect("the head answers");
     assert_eq!(view.target_capacity, Some(100.0), "{view:?}");
     assert_eq!(view.running_replicas(), REPLICAS, "{view:?}");

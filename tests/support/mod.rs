@@ -11,4 +11,5 @@ pub mod load;
 pub mod observer;
 pub mod ray;
 pub mod status;
+pub mod wait;
 pub mod webhook;

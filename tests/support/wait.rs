@@ -1,0 +1,38 @@
+//! Polling for a condition in the end-to-end tests, with a diagnosis when it never comes.
+
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
+
+/// Polls `check` every `every` until it returns Some; after `secs`, panics with `diagnose()`.
+pub async fn eventually<T, F, Fut, D, DFut>(
+    what: &str,
+    secs: u64,
+    every: Duration,
+    mut check: F,
+    diagnose: D,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+    D: FnOnce() -> DFut,
+    DFut: Future<Output = String>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out waiting for {what}\n{}", diagnose().await);
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The last `n` lines of a log, oldest first.
+pub fn tail(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
