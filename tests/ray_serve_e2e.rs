@@ -659,12 +659,9 @@ async fn real_ray_serve_upgrade_and_rollback_fail_no_request() {
     problems.extend(env.heads.failures());
     let head_start: Vec<String> = [&first, &second, &third]
         .iter()
-        .filter_map(|c| {
-            env.heads
-                .answers()
-                .iter()
-                .find(|a| &a.cluster == *c)
-                .map(|_| c.to_string())
+        .map(|c| {
+            let took = env.heads.ready_after(c).unwrap_or_default();
+            format!("{c} up in {:.1} s", took.as_secs_f64())
         })
         .collect();
     let summary = format!(

@@ -145,7 +145,6 @@ pub struct Head {
     /// None while the head starts.
     pub ip: Option<String>,
     pub started: Instant,
-    pub ready_after: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -335,7 +334,6 @@ async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
                     index,
                     ip: None,
                     started: Instant::now(),
-                    ready_after: None,
                 };
                 shared.heads.lock().unwrap().insert(name.clone(), head.clone());
                 tokio::spawn(start_head(clusters.clone(), shared.clone(), name.clone(), head));
@@ -399,7 +397,6 @@ async fn start_head(clusters: Api<RayCluster>, shared: Arc<Shared>, cluster: Str
             shared.ready_after.lock().unwrap().insert(cluster.clone(), took);
             if let Some(h) = shared.heads.lock().unwrap().get_mut(&cluster) {
                 h.ip = Some(ip);
-                h.ready_after = Some(took);
             }
         }
         other => {
