@@ -179,7 +179,8 @@ async fn first_deployment_becomes_ready() {
     );
     let status = rs.status.as_ref().unwrap();
     assert_eq!(status.service_status.as_deref(), Some("Running"));
-    assert_eq!(status.num_serve_endpoints, Some(1));
+    // The worker, and the head once its Serve proxy answered its health check.
+    assert_eq!(status.num_serve_endpoints, Some(2));
     assert_eq!(status.observed_generation, rs.metadata.generation);
     let apps = status
         .active_service_status
@@ -301,6 +302,59 @@ async fn new_cluster_upgrade_switches_only_to_a_ready_cluster_and_deletes_the_ol
             .any(|(r, n)| r == "DeletedRayCluster" && n.contains(&old)),
         "{events:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_head_serves_only_while_its_serve_proxy_is_healthy() {
+    let env = Env::new("headlabel").await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    let rs = env.ready("llm").await;
+    let cluster = active(&rs).unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    let head = format!("{cluster}-head");
+    let label = |want: &'static str| {
+        let pods = pods.clone();
+        let head = head.clone();
+        move || {
+            let (pods, head) = (pods.clone(), head.clone());
+            async move {
+                let pod = pods.get(&head).await.unwrap();
+                (pod.labels().get("ray.io/serve").map(String::as_str) == Some(want)).then_some(())
+            }
+        }
+    };
+    // KubeRay starts the head outside the serve Service; a healthy proxy brings it in.
+    env.eventually("the head labelled ray.io/serve=true", 30, label("true"))
+        .await;
+    assert!(
+        env.events()
+            .await
+            .iter()
+            .any(|(reason, note)| reason == "UpdatedHeadPodServeLabel" && note.contains("\"true\"")),
+        "{:?}",
+        env.events().await
+    );
+    // A failing proxy takes it out (after a few failed checks), a healthy one brings it back.
+    env.dashboard.with(&env.ns, &cluster, |s| s.proxy_down = true);
+    env.eventually("the head labelled ray.io/serve=false", 30, label("false"))
+        .await;
+    env.eventually("numServeEndpoints 1", 30, || async {
+        (env.get("llm").await.status?.num_serve_endpoints == Some(1)).then_some(())
+    })
+    .await;
+    env.dashboard.with(&env.ns, &cluster, |s| s.proxy_down = false);
+    env.eventually("the head labelled ray.io/serve=true again", 30, label("true"))
+        .await;
+    // excludeHeadPodFromServeSvc keeps it out whatever its health.
+    env.rayservices()
+        .patch(
+            "llm",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"excludeHeadPodFromServeSvc": true}})),
+        )
+        .await
+        .unwrap();
+    env.eventually("the head excluded", 30, label("false")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

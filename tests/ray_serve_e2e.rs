@@ -119,7 +119,16 @@ impl Env {
         let heads = RayHeads::start(client.clone(), &ns).await;
         let gateway = NginxGateway::start(client.clone(), &ns).await;
         let controller = match route {
-            DashboardRoute::Template => ControllerProcess::start(cp, &ns, &heads.url_template(), &[GATE]),
+            // The heads' Serve proxies are reachable at their Pod IPs: the default health check works.
+            DashboardRoute::Template => ControllerProcess::start(
+                cp,
+                &ns,
+                &heads.url_template(),
+                &[
+                    GATE,
+                    "--serve-health-url-template=http://{podIP}:{port}/-/healthz",
+                ],
+            ),
             DashboardRoute::ApiserverProxy => {
                 for f in ["manifests/deploy/namespace.yaml", "manifests/deploy/rbac.yaml"] {
                     cp.kubectl(&["apply", "-f", &support::cluster::repo().join(f).to_string_lossy()]);

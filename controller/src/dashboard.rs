@@ -16,6 +16,8 @@ use crate::{
 };
 
 pub const DEFAULT_URL_TEMPLATE: &str = "http://{cluster}-head-svc.{namespace}.svc.cluster.local:8265";
+/// The Serve proxy's health check on a head Pod, as KubeRay probes it.
+pub const DEFAULT_HEALTH_URL_TEMPLATE: &str = "http://{podIP}:{port}/-/healthz";
 const APPLICATIONS: &str = "api/serve/applications/";
 
 /// Where the dashboards are.
@@ -30,6 +32,7 @@ pub enum Route {
 #[derive(Clone)]
 pub struct Dashboard {
     route: Route,
+    timeout: Duration,
     http: reqwest::Client,
     kube: kube::Client,
     attempts: u32,
@@ -127,6 +130,7 @@ impl Dashboard {
             })?;
         Ok(Self {
             route,
+            timeout,
             http,
             kube,
             attempts: 3,
@@ -170,6 +174,50 @@ impl Dashboard {
             url: self.where_(namespace, cluster),
             message: format!("unexpected Serve status JSON: {e}"),
         })
+    }
+
+    /// Whether the Serve proxy on a head Pod answers `GET /-/healthz` with 200: directly (`template`, with
+    /// `{podIP}`, `{port}`, `{pod}`, `{cluster}`, `{namespace}`) or through the apiserver's Pod proxy.
+    pub async fn proxy_healthy(
+        &self,
+        template: &str,
+        namespace: &str,
+        cluster: &str,
+        pod: &str,
+        pod_ip: &str,
+        port: i64,
+    ) -> bool {
+        let timer = self.metrics.dashboard_latency("healthz");
+        let healthy = match &self.route {
+            Route::Template(_) => {
+                let url = template
+                    .replace("{podIP}", pod_ip)
+                    .replace("{port}", &port.to_string())
+                    .replace("{pod}", pod)
+                    .replace("{cluster}", cluster)
+                    .replace("{namespace}", namespace);
+                self.http
+                    .get(url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+            Route::KubernetesProxy => {
+                let path = format!("/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/-/healthz");
+                match http::Request::get(path).body(Vec::new()) {
+                    Ok(req) => matches!(
+                        tokio::time::timeout(self.timeout, self.kube.request_text(req)).await,
+                        Ok(Ok(_))
+                    ),
+                    Err(_) => false,
+                }
+            }
+        };
+        timer.observe_duration();
+        if !healthy {
+            self.metrics.dashboard_error("healthz");
+        }
+        healthy
     }
 
     /// `PUT /api/serve/applications/` with the whole config (declarative: apps left out are deleted).

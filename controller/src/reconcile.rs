@@ -54,6 +54,11 @@ pub struct ControllerOptions {
     pub skip_gateway_status_check: bool,
     /// Operator default of the progress deadline (the annotation overrides it).
     pub progress_deadline_seconds: i64,
+    /// How often a serving head's Serve proxy is checked when nothing else is due.
+    pub serve_health_interval: Duration,
+    /// Where a head Pod's Serve proxy health check is (template route): `{podIP}`, `{port}`, `{pod}`,
+    /// `{cluster}` and `{namespace}` are filled in.
+    pub serve_health_url_template: String,
 }
 
 impl Default for ControllerOptions {
@@ -67,6 +72,8 @@ impl Default for ControllerOptions {
             field_manager: "rayshift".to_string(),
             skip_gateway_status_check: false,
             progress_deadline_seconds: rayshift_api::upgrade_control::DEFAULT_PROGRESS_DEADLINE_SECONDS,
+            serve_health_interval: Duration::from_secs(10),
+            serve_health_url_template: dashboard::DEFAULT_HEALTH_URL_TEMPLATE.to_string(),
         }
     }
 }
@@ -82,6 +89,8 @@ pub struct Context {
     pub serve_cache: Mutex<HashMap<(String, String), String>>,
     /// Whether the Gateway API (HTTPRoute) is served by this cluster.
     pub gateway_api: std::sync::atomic::AtomicBool,
+    /// Failed Serve proxy health checks in a row, per head Pod (namespace, name).
+    pub proxy_failures: Mutex<HashMap<(String, String), u32>>,
 }
 
 impl Context {
@@ -98,6 +107,7 @@ impl Context {
             metrics,
             serve_cache: Mutex::new(HashMap::new()),
             gateway_api: std::sync::atomic::AtomicBool::new(false),
+            proxy_failures: Mutex::new(HashMap::new()),
         }
     }
 
@@ -143,6 +153,7 @@ struct Seen {
     cluster: RayCluster,
     head_ready: bool,
     head_message: String,
+    head_pod: Option<Pod>,
     serve: Option<ServeStatus>,
     dashboard_error: Option<String>,
 }
@@ -205,7 +216,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     for cluster in listed.items {
         let name = cluster.name_any();
         let watched = Some(&name) == active_name.as_ref() || Some(&name) == pending_name.as_ref();
-        let (head_ready, head_message) = head_health(&ctx.client, &ns, &cluster).await?;
+        let (head_ready, head_message, head_pod) = head_health(&ctx.client, &ns, &cluster).await?;
         let (serve, dashboard_error) = if watched && head_ready {
             match ctx.dashboard.status(&ns, &name).await {
                 Ok(s) => (Some(s), None),
@@ -220,6 +231,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
                 cluster,
                 head_ready,
                 head_message,
+                head_pod,
                 serve,
                 dashboard_error,
             },
@@ -256,6 +268,18 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
                 .then(|| target_capacity(&previous, target, decision.active.is_none()))
                 .flatten();
             pushed |= push_serve_config(&rs, &ctx, &ns, &s.cluster, capacity, s.serve.as_ref()).await?;
+        }
+    }
+    let mut proxy_failing = false;
+    let mut proxies_checked = false;
+    for name in [&decision.active, &decision.pending].into_iter().flatten() {
+        if let Some((s, pod)) = seen
+            .get(name)
+            .filter(|s| s.head_ready)
+            .and_then(|s| Some((s, s.head_pod.as_ref()?)))
+        {
+            proxies_checked = true;
+            proxy_failing |= update_head_serve_label(&rs, &ctx, &ns, &s.cluster.name_any(), pod).await?;
         }
     }
     if let Some(target) = &decision.serve_target {
@@ -356,6 +380,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
                 .is_some_and(|s| s.head_ready && !s.serve.as_ref().is_some_and(ServeStatus::all_running))
         })
         || pushed
+        || proxy_failing
         || dashboard_problem.is_some()
         || decision.promoted.is_some();
     let mut next = ctx.options.resync_interval;
@@ -364,6 +389,10 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     }
     if waiting_for_serve {
         next = next.min(ctx.options.serve_poll_interval);
+    }
+    // Nothing to watch on a Serve proxy either: a serving head is checked on a timer.
+    if proxies_checked {
+        next = next.min(ctx.options.serve_health_interval);
     }
     if let Some(at) = decision.wake_at {
         let secs = at.duration_since(now).as_secs_f64().max(0.05);
@@ -459,7 +488,7 @@ fn cluster_facts(s: &Seen) -> ClusterFacts {
 
 /// Head health from the RayCluster status and the head Pod's Ray container, found by name (a Pod stays
 /// Running while a sidecar lives, so the Pod phase says nothing about Ray).
-async fn head_health(client: &Client, ns: &str, cluster: &RayCluster) -> Result<(bool, String)> {
+async fn head_health(client: &Client, ns: &str, cluster: &RayCluster) -> Result<(bool, String, Option<Pod>)> {
     let name = cluster.name_any();
     let conditions = cluster.status.as_ref().and_then(|s| s.conditions.as_ref());
     if let Some(c) = conditions.and_then(|cs| cs.iter().find(|c| c.type_ == "HeadPodReady"))
@@ -468,6 +497,7 @@ async fn head_health(client: &Client, ns: &str, cluster: &RayCluster) -> Result<
         return Ok((
             false,
             format!("RayCluster {name}: HeadPodReady is {} ({})", c.status, c.reason),
+            None,
         ));
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -478,10 +508,11 @@ async fn head_health(client: &Client, ns: &str, cluster: &RayCluster) -> Result<
         return Ok((
             false,
             format!("RayCluster {name}: {} head Pods", heads.items.len()),
+            None,
         ));
     };
     if pod.metadata.deletion_timestamp.is_some() {
-        return Ok((false, format!("head Pod {} is terminating", pod.name_any())));
+        return Ok((false, format!("head Pod {} is terminating", pod.name_any()), None));
     }
     let ray = cluster
         .spec
@@ -495,11 +526,12 @@ async fn head_health(client: &Client, ns: &str, cluster: &RayCluster) -> Result<
         return Ok((
             false,
             format!("head Pod {} has no status for container {ray}", pod.name_any()),
+            Some(pod.clone()),
         ));
     };
     let running = container.state.as_ref().is_some_and(|s| s.running.is_some());
     if running && container.ready {
-        Ok((true, String::new()))
+        Ok((true, String::new(), Some(pod.clone())))
     } else {
         Ok((
             false,
@@ -507,8 +539,75 @@ async fn head_health(client: &Client, ns: &str, cluster: &RayCluster) -> Result<
                 "Ray container {ray} of head Pod {} is not running and ready",
                 pod.name_any()
             ),
+            Some(pod.clone()),
         ))
     }
+}
+
+/// KubeRay's `updateHeadPodServeLabel`: the head Pod is behind the serve Services (`ray.io/serve=true`)
+/// only while its Serve proxy answers its health check, and never with `excludeHeadPodFromServeSvc`.
+/// A healthy proxy joins at once; an unhealthy one leaves after a few failed checks in a row, so one slow
+/// answer on a busy head does not take it out of service.
+/// Returns whether the proxy failed its check (then it is checked again soon).
+async fn update_head_serve_label(
+    rs: &RayService,
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    pod: &Pod,
+) -> Result<bool> {
+    const FAILURES_BEFORE_REMOVAL: u32 = 3;
+    let pod_name = pod.name_any();
+    let mut failing = false;
+    let want = if rs.spec.exclude_head_pod_from_serve_svc == Some(true) {
+        false
+    } else {
+        let healthy = match pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()) {
+            Some(ip) => {
+                ctx.dashboard
+                    .proxy_healthy(
+                        &ctx.options.serve_health_url_template,
+                        ns,
+                        cluster,
+                        &pod_name,
+                        ip,
+                        children::serve_port(rs),
+                    )
+                    .await
+            }
+            None => false,
+        };
+        let key = (ns.to_string(), pod_name.clone());
+        let mut failures = ctx.proxy_failures.lock().unwrap_or_else(|e| e.into_inner());
+        if healthy {
+            failures.remove(&key);
+            true
+        } else {
+            failing = true;
+            let n = failures.entry(key).or_insert(0);
+            *n += 1;
+            let labelled = pod.labels().get(SERVE_LABEL).map(String::as_str) == Some("true");
+            labelled && *n < FAILURES_BEFORE_REMOVAL
+        }
+    };
+    let want = if want { "true" } else { "false" };
+    if pod.labels().get(SERVE_LABEL).map(String::as_str) == Some(want) {
+        return Ok(failing);
+    }
+    let patch = json!({"metadata": {"labels": {SERVE_LABEL: want}}});
+    ctx.metrics.api_write("Pod", "patch");
+    Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    ctx.event(
+        rs,
+        EventType::Normal,
+        "UpdatedHeadPodServeLabel",
+        "Update",
+        format!("Updated the serve label to \"{want}\" for the Head Pod {ns}/{pod_name}"),
+    )
+    .await;
+    Ok(failing)
 }
 
 /// Serving Pods behind the serve Service (Ready and selected by it).

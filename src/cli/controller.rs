@@ -26,7 +26,14 @@ pub struct ControllerArgs {
     /// Ray dashboard URL; {cluster} and {namespace} are filled in. A path prefix works.
     #[arg(long, default_value = dashboard::DEFAULT_URL_TEMPLATE)]
     dashboard_url_template: String,
-    /// Reach dashboards through the apiserver's service proxy instead.
+    /// Health check of a head Pod's Serve proxy (it joins the serve Service only while healthy); {podIP},
+    /// {port}, {pod}, {cluster} and {namespace} are filled in. Unused with --use-kubernetes-proxy.
+    #[arg(long, default_value = dashboard::DEFAULT_HEALTH_URL_TEMPLATE)]
+    serve_health_url_template: String,
+    /// Check serving heads' Serve proxies this often when nothing else is due.
+    #[arg(long, default_value_t = 10.0)]
+    serve_health_interval_seconds: f64,
+    /// Reach dashboards (and head Pods' Serve proxies) through the apiserver's proxy instead.
     #[arg(long)]
     use_kubernetes_proxy: bool,
     /// Timeout of one Ray dashboard request.
@@ -66,6 +73,8 @@ impl ControllerArgs {
             resync_interval: Duration::from_secs_f64(self.resync_interval_seconds.max(1.0)),
             skip_gateway_status_check: self.skip_gateway_status_check,
             progress_deadline_seconds: self.progress_deadline_seconds.max(1),
+            serve_health_url_template: self.serve_health_url_template.clone(),
+            serve_health_interval: Duration::from_secs_f64(self.serve_health_interval_seconds.max(0.5)),
             ..ControllerOptions::default()
         }
     }

@@ -27,6 +27,16 @@ impl ControllerProcess {
         extra: &[&str],
     ) -> Self {
         let metrics_port = free_port();
+        // The fake dashboard also plays the heads' Serve proxies (their Pod IPs are made up).
+        let health = format!("{dashboard_template}/-/healthz");
+        let health_args: &[&str] = if extra
+            .iter()
+            .any(|a| a.starts_with("--serve-health-url-template") || *a == "--use-kubernetes-proxy")
+        {
+            &[]
+        } else {
+            &["--serve-health-url-template", &health]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_rayshift"))
             .arg("controller")
             .arg("--kubeconfig")
@@ -41,6 +51,7 @@ impl ControllerProcess {
                 "--log-level",
                 "info,kube=warn,kube_client=error",
             ])
+            .args(health_args)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -4,7 +4,8 @@
 //!
 //! A PUT replaces the whole config (declarative); GET reports each app and its deployments with replicas
 //! scaled by `target_capacity` the way Serve does (round half up, at least 1 when capacity > 0). The test
-//! controls app states, holds replicas below target, or takes a dashboard down.
+//! controls app states, holds replicas below target, or takes a dashboard down. It also plays each head's
+//! Serve proxy health check at `.../{namespace}/{cluster}/-/healthz`.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -36,6 +37,8 @@ pub struct ClusterState {
     pub max_running: Option<usize>,
     /// GET requests served.
     pub gets: usize,
+    /// The head's Serve proxy fails its health check (`/-/healthz`).
+    pub proxy_down: bool,
 }
 
 #[derive(Clone, Default)]
@@ -54,6 +57,7 @@ impl FakeDashboard {
                 "/{ns}/{cluster}/api/serve/applications/",
                 get(get_apps).put(put_apps),
             )
+            .route("/{ns}/{cluster}/-/healthz", get(healthz))
             .with_state(dash.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         dash.addr = Some(listener.local_addr().unwrap());
@@ -149,6 +153,16 @@ fn status_body(s: &ClusterState) -> Value {
     }
     json!({"controller_info": {"node_id": "fake"}, "proxy_location": "HeadOnly", "http_options": {"host": "0.0.0.0", "port": 8000},
            "proxies": {}, "applications": apps, "target_capacity": capacity})
+}
+
+/// The head's Serve proxy: up once Serve runs there (a config was PUT), unless the test took it down.
+async fn healthz(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(String, String)>) -> Response {
+    let up = d.with(&ns, &cluster, |s| s.config.is_some() && !s.down && !s.proxy_down);
+    if up {
+        (StatusCode::OK, "success").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "proxy down").into_response()
+    }
 }
 
 async fn get_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(String, String)>) -> Response {

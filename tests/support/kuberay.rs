@@ -41,11 +41,11 @@ impl Drop for KubeRayStandIn {
 
 impl KubeRayStandIn {
     pub fn start(client: Client, ns: &str) -> Self {
-        Self::start_with(client, ns, Arc::new(|_| Some("10.0.0.12".to_string())))
+        Self::start_with(client, ns, Arc::new(|_| Some("10.0.0.12".to_string())), true)
     }
 
-    /// Brings clusters up only once `address` knows their head.
-    pub fn start_with(client: Client, ns: &str, address: HeadAddress) -> Self {
+    /// Brings clusters up only once `address` knows their head; `worker` adds one serving worker Pod.
+    pub fn start_with(client: Client, ns: &str, address: HeadAddress, worker: bool) -> Self {
         let mut me = KubeRayStandIn::default();
         let broken = me.broken_heads.clone();
         let all = me.all_heads_broken.clone();
@@ -57,6 +57,7 @@ impl KubeRayStandIn {
                     &ns,
                     &broken,
                     &address,
+                    worker,
                     all.load(std::sync::atomic::Ordering::Relaxed),
                 )
                 .await
@@ -80,6 +81,7 @@ async fn pass(
     ns: &str,
     broken: &Mutex<HashSet<String>>,
     address: &HeadAddress,
+    worker: bool,
     all_broken: bool,
 ) -> Result<(), kube::Error> {
     let clusters: Api<RayCluster> = Api::namespaced(client.clone(), ns);
@@ -114,10 +116,12 @@ async fn pass(
             .unwrap_or("ray-head")
             .to_string();
         let owner = json!([{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name, "uid": c.metadata.uid, "controller": true}]);
-        for (pod_name, node_type, serve) in [
-            (format!("{name}-head"), "head", "false"),
-            (format!("{name}-worker"), "worker", "true"),
-        ] {
+        // Like KubeRay for a RayService: the head starts outside the serve Services, workers inside.
+        let mut nodes = vec![(format!("{name}-head"), "head", "false")];
+        if worker {
+            nodes.push((format!("{name}-worker"), "worker", "true"));
+        }
+        for (pod_name, node_type, serve) in nodes {
             if pods.get_opt(&pod_name).await?.is_none() {
                 let pod: Pod = serde_json::from_value(json!({
                     "apiVersion": "v1", "kind": "Pod",

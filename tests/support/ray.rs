@@ -185,7 +185,9 @@ impl RayHeads {
                 .get(cluster)
                 .and_then(|h| h.ip.clone())
         });
-        let kuberay = KubeRayStandIn::start_with(client.clone(), ns, address);
+        // Serve runs on the head only (HeadOnly proxy, no worker Pods): traffic reaches a cluster only once
+        // the controller has put its head behind the serve Service.
+        let kuberay = KubeRayStandIn::start_with(client.clone(), ns, address, false);
 
         let router = Router::new()
             .route("/{ns}/{cluster}/{*rest}", any(forward))
