@@ -76,14 +76,20 @@ impl ServeDeployment {
         self.replicas.iter().filter(|r| r.state == "RUNNING").count()
     }
 
-    /// Replicas the deployment declares at full capacity (a fixed `num_replicas`, else Serve's target).
-    pub fn declared_replicas(&self) -> u64 {
-        self.deployment_config
+    /// Replicas that must be RUNNING at `capacity`: a fixed `num_replicas` scaled the way Serve scales it;
+    /// for an autoscaling deployment (`num_replicas` null) Serve's own `target_num_replicas`, which already
+    /// has the capacity applied (scaling it again would ask for too few).
+    pub fn replicas_needed(&self, capacity: i32) -> u64 {
+        let fixed = self
+            .deployment_config
             .as_ref()
             .and_then(|c| c.get("num_replicas"))
-            .and_then(Value::as_u64)
-            .or_else(|| self.target_num_replicas.and_then(|t| u64::try_from(t).ok()))
-            .unwrap_or(1)
+            .and_then(Value::as_u64);
+        match (fixed, self.target_num_replicas) {
+            (Some(n), _) => rayshift_api::upgrade_control::implied_replicas(n, capacity),
+            (None, Some(t)) => u64::try_from(t).unwrap_or(0),
+            (None, None) => rayshift_api::upgrade_control::implied_replicas(1, capacity),
+        }
     }
 }
 
@@ -111,10 +117,7 @@ impl ServeStatus {
                 .applications
                 .values()
                 .flat_map(|a| a.deployments.values())
-                .all(|d| {
-                    d.running_replicas() as u64
-                        >= rayshift_api::upgrade_control::implied_replicas(d.declared_replicas(), capacity)
-                })
+                .all(|d| d.running_replicas() as u64 >= d.replicas_needed(capacity))
     }
 }
 
@@ -350,6 +353,64 @@ mod tests {
         let v = serve_config_json("target_capacity: 5\napplications: []\n", None).unwrap();
         assert!(v.get("target_capacity").is_none());
         assert!(serve_config_json("- a\n- b\n", None).is_err());
+    }
+
+    fn deployment(config: Value, target: Option<i64>, running: usize, starting: usize) -> ServeDeployment {
+        let state = |s: &str| Replica { state: s.into() };
+        ServeDeployment {
+            deployment_config: Some(config),
+            target_num_replicas: target,
+            replicas: std::iter::repeat_n(state("RUNNING"), running)
+                .chain(std::iter::repeat_n(state("STARTING"), starting))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn serve(capacity: f64, d: ServeDeployment) -> ServeStatus {
+        let mut s = ServeStatus {
+            target_capacity: Some(capacity),
+            ..Default::default()
+        };
+        s.applications.insert(
+            "a".into(),
+            ServeApp {
+                status: "RUNNING".into(),
+                deployments: BTreeMap::from([("D".to_string(), d)]),
+                ..Default::default()
+            },
+        );
+        s
+    }
+
+    #[test]
+    fn capacity_is_verified_by_running_replicas() {
+        // Fixed num_replicas 4 at 50%: 2 must run (shapes as Ray 2.60 reports them).
+        let fixed = |running, starting| {
+            deployment(serde_json::json!({"num_replicas": 4}), Some(2), running, starting)
+        };
+        assert!(serve(50.0, fixed(2, 0)).capacity_verified(50));
+        assert!(!serve(50.0, fixed(1, 1)).capacity_verified(50));
+        assert!(
+            !serve(100.0, fixed(2, 0)).capacity_verified(50),
+            "capacity not taken yet"
+        );
+        // Autoscaling (num_replicas null): Serve's target_num_replicas already has the capacity applied.
+        let auto = |target, running, starting| {
+            deployment(
+                serde_json::json!({"num_replicas": null, "autoscaling_config": {"min_replicas": 1, "initial_replicas": 4}}),
+                Some(target),
+                running,
+                starting,
+            )
+        };
+        assert!(serve(50.0, auto(2, 2, 0)).capacity_verified(50));
+        assert!(
+            !serve(50.0, auto(2, 1, 1)).capacity_verified(50),
+            "one of two replicas still starting"
+        );
+        assert!(serve(100.0, auto(4, 4, 0)).capacity_verified(100));
+        assert!(!serve(100.0, auto(4, 2, 2)).capacity_verified(100));
     }
 
     #[test]
