@@ -89,7 +89,8 @@ pub struct Context {
     pub serve_cache: Mutex<HashMap<(String, String), String>>,
     /// Whether the Gateway API (HTTPRoute) is served by this cluster.
     pub gateway_api: std::sync::atomic::AtomicBool,
-    /// Failed Serve proxy health checks in a row, per head Pod (namespace, name).
+    /// Failed Serve proxy health checks in a row, per cluster's head (namespace, cluster); pruned with
+    /// `serve_cache`.
     pub proxy_failures: Mutex<HashMap<(String, String), u32>>,
 }
 
@@ -116,6 +117,10 @@ impl Context {
             Some(m) => m == self.options.managed_by,
             None => self.options.reconcile_unmanaged,
         }
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u32>> {
+        self.proxy_failures.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), String>> {
@@ -178,8 +183,9 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     }
     if rs.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove clusters and Services.
-        ctx.cache()
-            .retain(|(n, c), _| !(n == &ns && c.starts_with(&format!("{}-", rs.name_any()))));
+        let own = |(n, c): &(String, String)| n == &ns && c.starts_with(&format!("{}-", rs.name_any()));
+        ctx.cache().retain(|k, _| !own(k));
+        ctx.failures().retain(|k, _| !own(k));
         ctx.metrics.forget_service(&ns, &rs.name_any());
         return Ok(Action::await_change());
     }
@@ -289,12 +295,15 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
             apply_child::<Service>(&ctx, &ns, children::serve_service(&rs, target)).await?;
         }
     }
-    ctx.cache().retain(|(n, c), _| {
+    // Clusters no longer active or pending need neither their config record nor their health count.
+    let keep = |(n, c): &(String, String)| {
         n != &ns
             || !seen.contains_key(c)
             || Some(c) == decision.active.as_ref()
             || Some(c) == decision.pending.as_ref()
-    });
+    };
+    ctx.cache().retain(|k, _| keep(k));
+    ctx.failures().retain(|k, _| keep(k));
 
     if let Some(p) = &decision.promoted {
         let from = active_name.clone().unwrap_or_else(|| "none".into());
@@ -558,6 +567,7 @@ async fn update_head_serve_label(
 ) -> Result<bool> {
     const FAILURES_BEFORE_REMOVAL: u32 = 3;
     let pod_name = pod.name_any();
+    let current = pod.labels().get(SERVE_LABEL).map(String::as_str);
     let mut failing = false;
     let want = if rs.spec.exclude_head_pod_from_serve_svc == Some(true) {
         false
@@ -577,8 +587,8 @@ async fn update_head_serve_label(
             }
             None => false,
         };
-        let key = (ns.to_string(), pod_name.clone());
-        let mut failures = ctx.proxy_failures.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (ns.to_string(), cluster.to_string());
+        let mut failures = ctx.failures();
         if healthy {
             failures.remove(&key);
             true
@@ -586,12 +596,11 @@ async fn update_head_serve_label(
             failing = true;
             let n = failures.entry(key).or_insert(0);
             *n += 1;
-            let labelled = pod.labels().get(SERVE_LABEL).map(String::as_str) == Some("true");
-            labelled && *n < FAILURES_BEFORE_REMOVAL
+            current == Some("true") && *n < FAILURES_BEFORE_REMOVAL
         }
     };
     let want = if want { "true" } else { "false" };
-    if pod.labels().get(SERVE_LABEL).map(String::as_str) == Some(want) {
+    if current == Some(want) {
         return Ok(failing);
     }
     let patch = json!({"metadata": {"labels": {SERVE_LABEL: want}}});
