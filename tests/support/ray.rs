@@ -149,6 +149,8 @@ pub struct Head {
 
 #[derive(Default)]
 struct Shared {
+    /// One client for the router's forwarding and the sampler's looks.
+    http: reqwest::Client,
     heads: Mutex<BTreeMap<String, Head>>,
     answers: Mutex<Vec<Answer>>,
     samples: Mutex<Vec<Sample>>,
@@ -239,14 +241,7 @@ impl RayHeads {
 
     /// The latest view the controller was given for `cluster` before `t`.
     pub fn told_before(&self, cluster: &str, t: Instant) -> Option<(Instant, ServeView)> {
-        self.answers()
-            .into_iter()
-            .filter(|a| a.cluster == cluster && a.at <= t && a.status == 200)
-            .filter_map(|a| match a.call {
-                Call::Get(Some(v)) => Some((a.at, v)),
-                _ => None,
-            })
-            .next_back()
+        latest_view(&self.shared.answers.lock().unwrap(), cluster, t)
     }
 
     /// For the invariant observer: a cluster may carry `weight`% only if the real dashboard last told the
@@ -254,17 +249,7 @@ impl RayHeads {
     pub fn serving(&self, replicas: usize) -> Serving {
         let shared = self.shared.clone();
         Arc::new(move |cluster, weight| {
-            let told = shared
-                .answers
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|a| a.cluster == cluster && a.status == 200)
-                .filter_map(|a| match &a.call {
-                    Call::Get(Some(v)) => Some(v.clone()),
-                    _ => None,
-                })
-                .next_back();
+            let told = latest_view(&shared.answers.lock().unwrap(), cluster, Instant::now()).map(|(_, v)| v);
             let need = replicas_at(replicas, weight as f64);
             match told {
                 Some(v) if v.all_running() && v.running_replicas() >= need => Ok(()),
@@ -281,8 +266,20 @@ impl RayHeads {
     /// Reads a head's Serve status directly (not through the router).
     pub async fn view(&self, cluster: &str) -> Option<ServeView> {
         let ip = self.head(cluster)?.ip?;
-        look(&ip).await
+        look(&self.shared.http, &ip).await
     }
+}
+
+/// The latest Serve status the real dashboard gave the controller for `cluster` at or before `t`.
+fn latest_view(answers: &[Answer], cluster: &str, t: Instant) -> Option<(Instant, ServeView)> {
+    answers
+        .iter()
+        .filter(|a| a.cluster == cluster && a.at <= t && a.status == 200)
+        .filter_map(|a| match &a.call {
+            Call::Get(Some(v)) => Some((a.at, v.clone())),
+            _ => None,
+        })
+        .next_back()
 }
 
 impl Drop for RayHeads {
@@ -299,13 +296,10 @@ impl Drop for RayHeads {
     }
 }
 
-async fn look(ip: &str) -> Option<ServeView> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .ok()?;
+async fn look(http: &reqwest::Client, ip: &str) -> Option<ServeView> {
     let resp = http
         .get(format!("http://{ip}:8265/api/serve/applications/"))
+        .timeout(Duration::from_secs(2))
         .send()
         .await
         .ok()?;
@@ -461,7 +455,7 @@ async fn sample(shared: Arc<Shared>) {
             .filter_map(|(n, h)| Some((n.clone(), h.ip.clone()?)))
             .collect();
         for (cluster, ip) in heads {
-            let view = look(&ip).await;
+            let view = look(&shared.http, &ip).await;
             shared.samples.lock().unwrap().push(Sample {
                 at: Instant::now(),
                 cluster,
@@ -493,8 +487,8 @@ async fn forward(
     if let Some(q) = query {
         url = format!("{url}?{q}");
     }
-    let http = reqwest::Client::new();
-    let mut req = http
+    let mut req = shared
+        .http
         .request(method.clone(), &url)
         .timeout(Duration::from_secs(30));
     if !body.is_empty() {
