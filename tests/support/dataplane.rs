@@ -171,6 +171,12 @@ async fn follow(
     let gateways: Api<Gateway> = Api::namespaced(client.clone(), &ns);
     let routes: Api<HttpRoute> = Api::namespaced(client.clone(), &ns);
     let mut current: Option<Upstream> = None;
+    // No idle connections: each probe must be accepted by whichever workers accept now.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
     let mut generation = 0u64;
     loop {
         accept_gateways(&gateways, MESSAGE).await;
@@ -188,7 +194,7 @@ async fn follow(
                     if current.as_ref() != Some(&upstream) {
                         generation += 1;
                         let requested = Instant::now();
-                        match program(port, &dir, generation, &upstream).await {
+                        match program(&http, port, &dir, generation, &upstream).await {
                             Ok(at) => {
                                 live.lock().unwrap().push(Live {
                                     requested,
@@ -292,6 +298,7 @@ async fn resolve(
 
 /// Writes and reloads the config; returns when nginx's workers answer with the new generation.
 async fn program(
+    http: &reqwest::Client,
     port: u16,
     dir: &std::path::Path,
     generation: u64,
@@ -303,11 +310,6 @@ async fn program(
     tokio::task::spawn_blocking(move || nginx(&["reload", &d]))
         .await
         .map_err(|e| e.to_string())??;
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if let Ok(r) = http
