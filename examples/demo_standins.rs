@@ -14,6 +14,8 @@ mod dashboard;
 mod gateway;
 #[path = "../tests/support/kuberay.rs"]
 mod kuberay;
+#[path = "../tests/support/local_routes.rs"]
+mod local_routes;
 
 use kube::{
     Client, Config,

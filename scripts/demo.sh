@@ -17,6 +17,9 @@ trap cleanup EXIT
 fail() { echo "demo failed: $*" >&2; tail -n 15 "$work/rayshift.log" "$work/standins.log" >&2 2>/dev/null; exit 1; }
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
+# Made-up Pod addresses of the stand-ins must fail locally, never leave the machine.
+bash tests/env/local-routes.sh ensure
+
 say "building rayshift"
 cargo build -q --bin rayshift --example demo_standins
 bin="$CARGO_TARGET_DIR/debug"

@@ -22,6 +22,10 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "test address ranges kept local (unreachable routes, before any test host exists)"
+bash tests/env/local-routes.sh ensure
+bash tests/env/local-routes.sh ranges | sed 's/^/unreachable /'
+
 step "control plane: etcd + kube-apiserver v1.20.2 (installed and built once, cached)"
 bash tests/env/control-plane.sh install
 
@@ -30,6 +34,8 @@ bash tests/env/ray.sh install
 ray_venv=$(bash tests/env/ray.sh venv)
 
 step "cargo test (workspace)"
+# Loudly, before the real-Ray tests can create a host: every invented range must still fail locally.
+bash tests/env/local-routes.sh check
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"

@@ -48,6 +48,8 @@ install() {
 
 start() {
   local name=${1:?name} index=${2:?index} appdir=${3:?app dir}
+  # The whole test range must fail locally before any host in it exists (and after it is gone).
+  bash "$(dirname "$SELF")/local-routes.sh" ensure
   local host_if="rs${index}h" ns_if="rs${index}n" host_ip="10.250.${index}.1" ns_ip="10.250.${index}.2"
   # A head left behind by a killed run would hold these names.
   $SUDO ip link del "$host_if" 2>/dev/null || true

@@ -22,6 +22,10 @@ use serde_json::{Value, json};
 /// The Pod IP of a cluster's head, once it has one.
 pub type HeadAddress = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
+/// Addresses of Pods and Services that have no host behind them (10.250.0.0/24 is never a head's).
+pub const MADE_UP_POD_IP: &str = "10.250.0.12";
+pub const MADE_UP_SERVICE_IP: &str = "10.250.0.11";
+
 #[derive(Clone, Default)]
 pub struct KubeRayStandIn {
     /// Clusters whose head Ray container has terminated (the Pod stays Running because of a sidecar).
@@ -41,11 +45,13 @@ impl Drop for KubeRayStandIn {
 
 impl KubeRayStandIn {
     pub fn start(client: Client, ns: &str) -> Self {
-        Self::start_with(client, ns, Arc::new(|_| Some("10.0.0.12".to_string())), true)
+        // Made up, but inside the test hosts' range, whose unreachable route keeps anything sent there local.
+        Self::start_with(client, ns, Arc::new(|_| Some(MADE_UP_POD_IP.to_string())), true)
     }
 
     /// Brings clusters up only once `address` knows their head; `worker` adds one serving worker Pod.
     pub fn start_with(client: Client, ns: &str, address: HeadAddress, worker: bool) -> Self {
+        super::local_routes::require();
         let mut me = KubeRayStandIn::default();
         let broken = me.broken_heads.clone();
         let all = me.all_heads_broken.clone();
@@ -99,7 +105,7 @@ async fn pass(
             let status = json!({"status": {
                 "state": "ready", "readyWorkerReplicas": 1, "availableWorkerReplicas": 1, "desiredWorkerReplicas": 1,
                 "observedGeneration": c.metadata.generation,
-                "head": {"podIP": ip, "serviceIP": "10.0.0.11", "podName": format!("{name}-head"), "serviceName": format!("{name}-head-svc")},
+                "head": {"podIP": ip, "serviceIP": MADE_UP_SERVICE_IP, "podName": format!("{name}-head"), "serviceName": format!("{name}-head-svc")},
                 "conditions": [{"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady", "message": "",
                                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]
             }});

@@ -8,6 +8,7 @@ pub mod dataplane;
 pub mod gateway;
 pub mod kuberay;
 pub mod load;
+pub mod local_routes;
 pub mod observer;
 pub mod ray;
 pub mod status;
