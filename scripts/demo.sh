@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one-command demo: a real kube-apiserver, rayshift (webhook registered, controller running), a sample
 # incremental RayService, then an upgrade with live progress until promotion; everything is torn down at the
-# end. KubeRay, Ray and the Gateway controller are played by the test stand-ins (nothing real can run here).
+# end. KubeRay's and Gateway API's CRDs are the released ones; KubeRay's RayCluster controller, Ray and the Gateway
+# controller are played by the test stand-ins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift/target/$(rustc -V | tr -c 'A-Za-z0-9.\n-' '_')}"
@@ -24,11 +25,18 @@ say "building rayshift"
 cargo build -q --bin rayshift --example demo_standins
 bin="$CARGO_TARGET_DIR/debug"
 
-say "starting a local control plane (etcd + kube-apiserver 1.20)"
+say "starting a local control plane ($(bash tests/env/control-plane.sh version), built once from Go modules)"
 bash tests/env/control-plane.sh install
 export KUBECONFIG=$(bash tests/env/control-plane.sh start "$work/cp")
-k() { kubectl --kubeconfig "$KUBECONFIG" "$@"; }
-k apply -f manifests/crds/crds.yaml -f manifests/gateway-api/crds.yaml >/dev/null
+k() { "$(bash tests/env/control-plane.sh bin)/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+
+say "installing the upstream CRDs as released ($(bash tests/env/upstream.sh versions | cut -d, -f1-2)), KubeRay's with rayshift's reconcile component"
+mkdir -p "$work/crds"
+cp $(bash tests/env/upstream.sh crds kuberay) "$work/crds/"
+printf 'resources: [%s]\ncomponents: [%s]\n' "$(cd "$work/crds" && ls *.yaml | paste -sd, -)" "$(realpath --relative-to="$work/crds" manifests/components/reconcile)" \
+  >"$work/crds/kustomization.yaml"
+k kustomize "$work/crds" | k apply --server-side -f - >/dev/null
+for f in $(bash tests/env/upstream.sh crds gateway-api); do k apply --server-side -f "$f" >/dev/null; done
 k wait --for=condition=Established crd --all --timeout=60s >/dev/null
 k create namespace demo >/dev/null
 
@@ -38,7 +46,7 @@ say "starting rayshift run (webhook + controller) and registering the webhook"
 pids+=($!)
 for _ in $(seq 100); do [ -s "$work/standins.out" ] && break; sleep 0.1; done
 template=$(head -n1 "$work/standins.out")
-"$bin/rayshift" run --kubeconfig "$KUBECONFIG" --namespace demo --feature-gates=RayServiceIncrementalUpgrade=true \
+"$bin/rayshift" run --mode=reconcile --kubeconfig "$KUBECONFIG" --namespace demo --feature-gates=RayServiceIncrementalUpgrade=true \
   --webhook-addr 127.0.0.1:19443 --metrics-addr 127.0.0.1:18080 \
   --tls-cert-file "$work/certs/tls.crt" --tls-key-file "$work/certs/tls.key" \
   --dashboard-url-template "$template" --serve-poll-interval-seconds 0.5 --log-level info,kube=warn,kube_client=error \

@@ -26,8 +26,12 @@ step "test address ranges kept local (unreachable routes, before any test host e
 bash tests/env/local-routes.sh ensure
 bash tests/env/local-routes.sh ranges | sed 's/^/unreachable /'
 
-step "control plane: etcd + kube-apiserver v1.20.2 (installed and built once, cached)"
+step "control plane: $(bash tests/env/control-plane.sh version) from Go modules (built once, cached)"
 bash tests/env/control-plane.sh install
+
+step "upstream CRDs, unmodified, from their Go modules: $(bash tests/env/upstream.sh versions)"
+bash tests/env/upstream.sh crds kuberay
+bash tests/env/upstream.sh crds gateway-api
 
 step "real Ray Serve test: ray[serve] venv, nginx, iproute2 (installed once, cached)"
 bash tests/env/ray.sh install
@@ -45,7 +49,7 @@ failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 step "no control-plane, webhook, controller, Ray or nginx process left behind"
 cache_bin=$(bash tests/env/control-plane.sh bin)
 for _ in $(seq 30); do
-  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)|$ray_venv/|nginx: master process .*rayshift-nginx-" || true)
+  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager|kube-scheduler)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)|$ray_venv/|nginx: master process .*rayshift-nginx-" || true)
   netns=$(ip netns list 2>/dev/null | grep -o '^rayshift-[0-9-]*' || true)
   [ -z "$left$netns" ] && break
   sleep 1
@@ -60,4 +64,5 @@ echo "none"
 
 echo
 echo "== all checks passed in $(( $(date +%s) - start ))s"
+echo "ran against: $(bash tests/env/control-plane.sh version); $(bash tests/env/upstream.sh versions)"
 echo "summary: $passed passed, $failed failed"

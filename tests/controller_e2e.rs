@@ -157,7 +157,7 @@ fn rayservice(name: &str, strategy: Option<&str>, image: &str) -> Value {
             "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [{"name": "ray-head", "image": image,
                 "ports": [{"name": "dashboard", "containerPort": 8265}, {"name": "serve", "containerPort": 8000}]}]}}},
             "workerGroupSpecs": [{"groupName": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 2,
-                "template": {"spec": {"containers": [{"name": "ray-worker", "image": image}]}}, "someFutureField": {"keep": true}}]
+                "template": {"spec": {"containers": [{"name": "ray-worker", "image": image}], "runtimeClassName": "nvidia"}}}]
         }
     });
     if let Some(s) = strategy {
@@ -197,9 +197,10 @@ async fn first_deployment_becomes_ready() {
     assert_eq!(cluster.labels()["ray.io/originated-from-cr-name"], "llm");
     assert_eq!(cluster.labels()["team"], "ml");
     assert_eq!(cluster.owner_references()[0].kind, "RayService");
+    // (KubeRay's released CRD prunes fields it does not know, so the user's fields are the ones it knows.)
     assert_eq!(
-        cluster.spec.worker_groups()[0].extra["someFutureField"],
-        json!({"keep": true})
+        serde_json::to_value(&cluster.spec.worker_groups()[0]).unwrap()["template"]["spec"]["runtimeClassName"],
+        json!("nvidia")
     );
     // Services select it; the dashboard got the config once.
     assert_eq!(env.serve_selector("llm").await.as_deref(), Some(active.as_str()));

@@ -267,11 +267,12 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
     );
     check_dashboard_against(&mid_upgrade, controller).await;
 
-    // The new cluster was created with worker replicas unset (it scales from minReplicas).
+    // The new cluster was created with worker replicas unset (it scales from minReplicas); KubeRay's released
+    // schema stores the unset count as its default, 0, never the user's 5.
     let clusters: Api<RayCluster> = Api::namespaced(env.client.clone(), &env.ns);
     assert_eq!(
-        clusters.get(&new).await.unwrap().spec.worker_groups()[0].replicas,
-        None
+        clusters.get(&new).await.unwrap().spec.worker_groups()[0].replicas.unwrap_or(0),
+        0
     );
     // The old cluster goes after the deletion delay; the Gateway and HTTPRoute stay.
     env.eventually("old cluster deleted", 30, || async {
@@ -303,9 +304,14 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
         "pacing: {} steps, worst gap {worst:?}, worst lateness {lateness:?}",
         gaps.len() + 1
     );
-    // Watch events reach the observer with a little jitter; the planner itself never steps early.
+    // Watch events reach the observer with a little jitter, so a step seen late makes the next gap look short
+    // by as much: credit each gap with the previous one's lateness. The planner itself never steps early.
+    let credited = gaps
+        .iter()
+        .zip(std::iter::once(&Duration::ZERO).chain(gaps.iter()))
+        .map(|(g, prev)| *g + prev.saturating_sub(Duration::from_secs(1)));
     assert!(
-        gaps.iter().all(|g| *g >= Duration::from_millis(900)),
+        credited.into_iter().all(|g| g >= Duration::from_millis(950)),
         "a step came early: {gaps:?}"
     );
     assert!(

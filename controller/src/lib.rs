@@ -24,7 +24,7 @@ use kube::{
 use rayshift_api::{RayCluster, RayService};
 use tokio::sync::watch as signal;
 
-pub use crate::reconcile::{Context, ControllerOptions};
+pub use crate::reconcile::{Context, ControllerOptions, Mode};
 
 /// Everything [`run`] needs besides the client.
 pub struct RunConfig {

@@ -37,13 +37,23 @@ use crate::{
     metrics::Metrics,
 };
 
+/// What the controller does with the RayServices it sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Reconcile nothing, write nothing: export the capacity and traffic metrics of every RayService, read from
+    /// the status KubeRay writes (the mode for an unmodified KubeRay).
+    Observe,
+    /// Run the RayServices whose `managedBy` is rayshift's, and observe the others as in `Observe`.
+    Reconcile,
+}
+
 /// How the controller behaves.
 #[derive(Clone, Debug)]
 pub struct ControllerOptions {
     /// `spec.managedBy` value of the RayServices this controller owns.
     pub managed_by: String,
-    /// Also own RayServices without `managedBy` (when replacing KubeRay's RayService controller).
-    pub reconcile_unmanaged: bool,
+    /// Whether this controller runs the RayServices it owns, or only watches them all.
+    pub mode: Mode,
     pub feature_gates: FeatureGates,
     /// Re-read dashboards this often while waiting for Serve apps (nothing to watch there).
     pub serve_poll_interval: Duration,
@@ -65,7 +75,7 @@ impl Default for ControllerOptions {
     fn default() -> Self {
         Self {
             managed_by: rayshift_api::rayservice::RAYSHIFT_MANAGER.to_string(),
-            reconcile_unmanaged: false,
+            mode: Mode::Reconcile,
             feature_gates: FeatureGates::default(),
             serve_poll_interval: Duration::from_secs(2),
             resync_interval: Duration::from_secs(60),
@@ -113,10 +123,20 @@ impl Context {
     }
 
     fn owns(&self, rs: &RayService) -> bool {
-        match rs.spec.managed_by.as_deref() {
-            Some(m) => m == self.options.managed_by,
-            None => self.options.reconcile_unmanaged,
+        self.options.mode == Mode::Reconcile
+            && rs.spec.managed_by.as_deref() == Some(&self.options.managed_by)
+    }
+
+    /// Metrics of a RayService someone else runs, from the status it writes.
+    fn observe(&self, rs: &RayService) {
+        let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
+        if rs.meta().deletion_timestamp.is_some() {
+            self.metrics.forget_service(&ns, &name);
+            return;
         }
+        let status = rs.status.clone().unwrap_or_default();
+        let view = service_view(rs, &status, Timestamp::now());
+        self.metrics.observe_service(&ns, &name, &status, &view);
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u32>> {
@@ -166,6 +186,7 @@ struct Seen {
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
     if !ctx.owns(&cached) {
+        ctx.observe(&cached);
         return Ok(Action::await_change());
     }
     let ns = cached.namespace().unwrap_or_default();

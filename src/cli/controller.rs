@@ -8,9 +8,15 @@ use kube::{
 };
 use prometheus::Registry;
 use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER};
-use rayshift_controller::{ControllerOptions, dashboard};
+use rayshift_controller::{ControllerOptions, Mode, dashboard};
 
 use super::{CliError, logging::LogArgs, parse_gates, runtime, serve_metrics, shutdown, webhook};
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ModeArg {
+    Observe,
+    Reconcile,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct ControllerArgs {
@@ -20,9 +26,11 @@ pub struct ControllerArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long = "namespace", env = "RAYSHIFT_WATCH_NAMESPACE")]
     namespace: Option<String>,
-    /// Also own RayServices without managedBy (run instead of KubeRay's RayService controller).
-    #[arg(long)]
-    reconcile_unmanaged: bool,
+    /// observe: reconcile nothing, export metrics of every RayService from its status (beside an unmodified
+    /// KubeRay); reconcile: also run the RayServices whose spec.managedBy is --managed-by (needs
+    /// manifests/components/reconcile on KubeRay's CRD).
+    #[arg(long, value_enum, default_value_t = ModeArg::Observe)]
+    mode: ModeArg,
     /// Ray dashboard URL; {cluster} and {namespace} are filled in. A path prefix works.
     #[arg(long, default_value = dashboard::DEFAULT_URL_TEMPLATE)]
     dashboard_url_template: String,
@@ -67,7 +75,10 @@ impl ControllerArgs {
     fn options(&self, gates: FeatureGates, managed_by: &str) -> ControllerOptions {
         ControllerOptions {
             managed_by: managed_by.to_string(),
-            reconcile_unmanaged: self.reconcile_unmanaged,
+            mode: match self.mode {
+                ModeArg::Observe => Mode::Observe,
+                ModeArg::Reconcile => Mode::Reconcile,
+            },
             feature_gates: gates,
             serve_poll_interval: Duration::from_secs_f64(self.serve_poll_interval_seconds.max(0.05)),
             resync_interval: Duration::from_secs_f64(self.resync_interval_seconds.max(1.0)),

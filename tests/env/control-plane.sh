@@ -1,37 +1,45 @@
 #!/usr/bin/env bash
-# A real Kubernetes control plane for rayshift's tests: etcd + kube-apiserver v1.20.2
-# (+ kube-controller-manager for garbage collection and namespace cleanup), from Debian packages alone.
+# A real Kubernetes control plane for rayshift's tests: etcd + kube-apiserver + kube-controller-manager
+# (garbage collector, namespace, endpoints and EndpointSlice controllers), plus kube-scheduler and kubectl of the
+# same release, all built from their published Go modules.
 #
-#   control-plane.sh install        install packages, build the binaries once into the cache
-#   control-plane.sh start DIR      start everything on random loopback ports; writes DIR/kubeconfig
+#   control-plane.sh install        build the binaries once into the cache (idempotent, flock)
+#   control-plane.sh start DIR      start etcd, kube-apiserver and kube-controller-manager on random loopback
+#                                   ports; writes DIR/kubeconfig (admin) and DIR/kubeconfig-rayshift
 #   control-plane.sh stop DIR       stop what `start DIR` started (by PID) and remove DIR
+#   control-plane.sh bin            print the directory holding the binaries
+#   control-plane.sh version        print the Kubernetes and etcd versions
 #
 # With RAYSHIFT_OWNER_PID set, `start` also leaves a watchdog that stops the control plane once that
 # process has exited, so a test binary that dies (or simply ends) leaves nothing running.
-#   control-plane.sh bin            print the directory holding the binaries
 #
-# The build is cached outside the repo, keyed by version: ${RAYSHIFT_CACHE:-~/.cache/rayshift}/kube-<ver>.
-# `install` is idempotent and safe to run twice in parallel (flock). Every `start` gets its own DIR and ports.
+# Build: k8s.io/kubernetes pins its k8s.io/* staging modules to v0.0.0 with replace directives that do not
+# apply to a dependency, so a small wrapper module (generated here, never committed) requires it and maps
+# every staging module to its published v0.<minor>.<patch>, read from that release's own go.mod. etcd is the
+# version that release requires. Cached outside the repo, keyed by version:
+# ${RAYSHIFT_CACHE:-~/.cache/rayshift}/kube-<version>/bin.
 set -euo pipefail
 
-KUBE_VERSION=1.20.2
-DEB_VERSION=1.20.5+really1.20.2
+KUBE_VERSION=1.37.2
+ETCD_VERSION=3.7.0
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 CACHE="${RAYSHIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift}"
-KUBE_CACHE="$CACHE/kube-$KUBE_VERSION"
+KUBE_CACHE="$CACHE/kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
 BIN="$KUBE_CACHE/bin"
-SUDO=""
-[ "$(id -u)" = 0 ] || SUDO="sudo"
+SERVICE_RANGE=10.96.0.0/16 # covered by tests/env/local-routes.sh
+COMMANDS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
 
 log() { echo "control-plane: $*" >&2; }
 die() { log "$*"; exit 1; }
 
 have_binaries() {
-  [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] && [ -x "$BIN/kubectl" ] && [ -x "$BIN/etcd" ]
+  local c
+  for c in $COMMANDS etcd; do [ -x "$BIN/$c" ] || return 1; done
 }
 
 apt_install() {
-  local missing=()
+  local missing=() SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
   for pkg in "$@"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
@@ -41,107 +49,84 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-enable_deb_src() {
-  local list=/etc/apt/sources.list.d/rayshift-deb-src.sources
-  [ -f "$list" ] && return 0
-  local uri
-  uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-  uri=${uri:-http://deb.debian.org/debian}
-  log "adding deb-src for $uri"
-  printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$uri" \
-    | $SUDO tee "$list" >/dev/null
-  $SUDO apt-get update -qq
+go_cmd() {
+  command -v go >/dev/null || die "Go (>= 1.26) is needed to build the control plane from its Go modules"
+  CGO_ENABLED=0 GOFLAGS=-mod=mod go "$@"
+}
+
+wrapper_module() {
+  local src=$1 minor=${KUBE_VERSION#*.}
+  minor=${minor%%.*}
+  mkdir -p "$src"
+  (cd "$src" && printf 'module rayshift.local/control-plane\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v%s\n' "$KUBE_VERSION" >go.mod)
+  local kmod
+  kmod=$(cd "$src" && go_cmd mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
+  [ -f "$kmod" ] || die "could not download k8s.io/kubernetes v$KUBE_VERSION"
+  {
+    echo
+    echo "replace ("
+    sed -n 's#^\t\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\t\1 => \1 v0.'"${KUBE_VERSION#*.}"'#p' "$kmod"
+    echo ")"
+  } >>"$src/go.mod"
+  grep -q "k8s.io/api => k8s.io/api v0.$minor." "$src/go.mod" || die "unexpected staging replaces in $kmod"
 }
 
 build() {
-  apt_install etcd-server golang-go rsync jq golang-github-modern-go-reflect2-dev openssl curl ca-certificates dpkg-dev
-  enable_deb_src
-  local work="$KUBE_CACHE/build"
-  rm -rf "$work" && mkdir -p "$work"
-  (cd "$work" && apt-get source --download-only kubernetes >/dev/null)
-  local orig
-  orig=$(ls "$work"/kubernetes_"$DEB_VERSION".orig.tar.gz 2>/dev/null | head -n1 || true)
-  [ -n "$orig" ] || die "no kubernetes orig tarball downloaded"
-  tar -xzf "$orig" -C "$work"
-  local tree="$work/kubernetes-$KUBE_VERSION"
-  [ -d "$tree" ] || die "unexpected layout of $orig"
-  # The vendored reflect2 v1.0.1 crashes under Go >= 1.18 (SIGSEGV on the first custom-resource create);
-  # Debian's 1.0.2 sources fix it.
-  local r2=/usr/share/gocode/src/github.com/modern-go/reflect2
-  rm -f "$tree"/vendor/github.com/modern-go/reflect2/*.go "$tree"/vendor/github.com/modern-go/reflect2/*.s
-  find "$r2" -maxdepth 1 \( -name '*.go' -o -name '*.s' \) ! -name '*_test.go' -exec cp {} "$tree/vendor/github.com/modern-go/reflect2/" \;
-  local targets="cmd/kube-apiserver cmd/kube-controller-manager"
-  command -v kubectl >/dev/null 2>&1 || targets="$targets cmd/kubectl"
-  log "building $targets (several minutes on a cold Go cache)"
-  (cd "$tree" && env HOME="$KUBE_CACHE/home" GOFLAGS=-mod=vendor CGO_ENABLED=0 make WHAT="$targets" >"$work/build.log" 2>&1) \
-    || { tail -n 40 "$work/build.log" >&2; die "build failed (log: $work/build.log)"; }
-  mkdir -p "$BIN"
-  cp "$tree/_output/bin/kube-apiserver" "$tree/_output/bin/kube-controller-manager" "$BIN/"
-  if [ -x "$tree/_output/bin/kubectl" ]; then cp "$tree/_output/bin/kubectl" "$BIN/"; else ln -sf "$(command -v kubectl)" "$BIN/kubectl"; fi
-  ln -sf "$(command -v etcd || echo /usr/bin/etcd)" "$BIN/etcd"
-  rm -rf "$work"
+  apt_install openssl curl ca-certificates python3
+  local src="$KUBE_CACHE/src" t0=$SECONDS
+  rm -rf "$src"
+  wrapper_module "$src"
+  local pkgs=() c
+  for c in $COMMANDS; do pkgs+=("k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION"); done
+  log "resolving k8s.io/kubernetes v$KUBE_VERSION and etcd v$ETCD_VERSION"
+  (cd "$src" && go_cmd get -tool "${pkgs[@]}" "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >"$src/get.log" 2>&1) \
+    || { tail -n 30 "$src/get.log" >&2; die "resolving the modules failed"; }
+  # Discovery and `kubectl version` report the stamped version instead of v0.0.0.
+  local ld="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld="$ld -X $p.gitVersion=v$KUBE_VERSION -X $p.gitMajor=${KUBE_VERSION%%.*} -X $p.gitMinor=$(echo "$KUBE_VERSION" | cut -d. -f2)"
+    ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  log "building $COMMANDS and etcd (about 15 minutes on 2 cores with a cold Go cache)"
+  mkdir -p "$src/bin"
+  (cd "$src" && go_cmd build -trimpath -ldflags "$ld" -o bin/ $(for c in $COMMANDS; do echo "k8s.io/kubernetes/cmd/$c"; done) \
+    && go_cmd build -trimpath -ldflags "-s -w" -o bin/etcd go.etcd.io/etcd/server/v3) >"$src/build.log" 2>&1 \
+    || { tail -n 40 "$src/build.log" >&2; die "build failed (log: $src/build.log)"; }
+  rm -rf "$BIN" && mv "$src/bin" "$BIN"
+  log "built in $((SECONDS - t0))s"
 }
 
 install() {
   mkdir -p "$KUBE_CACHE"
   exec 9>"$KUBE_CACHE/.lock"
   flock 9
-  # Runtime packages are needed even when the binaries are cached.
-  apt_install etcd-server openssl curl
+  apt_install openssl curl python3
   if have_binaries; then
     log "binaries cached in $BIN"
   else
     build
     log "built into $BIN"
   fi
+  "$BIN/kube-apiserver" --version | grep -q "v$KUBE_VERSION" || die "kube-apiserver does not report v$KUBE_VERSION"
 }
 
 free_port() {
-  command -v python3 >/dev/null 2>&1 || apt_install python3
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
 wait_ready() {
-  local url=$1 token=$2 deadline=$((SECONDS + 60))
+  local url=$1 token=$2 deadline=$((SECONDS + 90))
   until curl -ksf -H "Authorization: Bearer $token" "$url/readyz" >/dev/null 2>&1; do
     [ $SECONDS -lt $deadline ] || return 1
     sleep 0.2
   done
 }
 
-start() {
-  local dir=${1:?usage: start DIR}
-  have_binaries || install
-  mkdir -p "$dir"
-  dir=$(cd "$dir" && pwd)
-  local etcd_port peer_port api_port token
-  etcd_port=$(free_port); peer_port=$(free_port); api_port=$(free_port)
-  token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  echo "$token,admin,admin,system:masters" >"$dir/tokens.csv"
-  # rayshift's own identity, for tests that run it under its least-privilege RBAC (manifests/deploy/rbac.yaml).
-  local sa_token
-  sa_token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  echo "$sa_token,system:serviceaccount:rayshift-system:rayshift,rayshift-sa,\"system:serviceaccounts,system:serviceaccounts:rayshift-system,system:authenticated\"" >>"$dir/tokens.csv"
-  openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
-  openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
-  : >"$dir/pids"
+token() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 
-  "$BIN/etcd" --data-dir "$dir/etcd" --name rayshift-test \
-    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-    --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
-    --initial-cluster "rayshift-test=http://127.0.0.1:$peer_port" >"$dir/etcd.log" 2>&1 &
-  echo $! >>"$dir/pids"
-
-  "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --secure-port="$api_port" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
-    --cert-dir="$dir/certs" --token-auth-file="$dir/tokens.csv" --authorization-mode="${RAYSHIFT_AUTHZ:-RBAC}" \
-    --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$dir/sa.pub" \
-    --service-account-signing-key-file="$dir/sa.key" --service-cluster-ip-range=10.96.0.0/16 \
-    --allow-privileged=true --disable-admission-plugins=ServiceAccount >"$dir/apiserver.log" 2>&1 &
-  echo $! >>"$dir/pids"
-
-  local url="https://127.0.0.1:$api_port"
-  cat >"$dir/kubeconfig" <<EOF
+kubeconfig() {
+  local url=$1 user=$2 token=$3
+  cat <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -150,24 +135,65 @@ clusters:
     server: $url
     insecure-skip-tls-verify: true
 users:
-- name: admin
+- name: $user
   user:
     token: $token
 contexts:
 - name: rayshift-test
-  context: {cluster: rayshift-test, user: admin}
+  context: {cluster: rayshift-test, user: $user}
 current-context: rayshift-test
 EOF
-  sed -e "s/token: $token/token: $sa_token/" -e "s/name: admin/name: rayshift/" -e "s/user: admin/user: rayshift/" \
-    "$dir/kubeconfig" >"$dir/kubeconfig-rayshift"
-  if ! wait_ready "$url" "$token"; then
-    tail -n 30 "$dir/apiserver.log" >&2
+}
+
+start_etcd() {
+  local dir=$1 port=$2 peer
+  peer=$(free_port)
+  "$BIN/etcd" --data-dir "$dir/etcd" --name rayshift-test --log-level warn \
+    --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "rayshift-test=http://127.0.0.1:$peer" >"$dir/etcd.log" 2>&1 &
+  echo $! >>"$dir/pids"
+}
+
+start_apiserver() {
+  local dir=$1 etcd_port=$2 api_port=$3
+  "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --secure-port="$api_port" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
+    --cert-dir="$dir/certs" --token-auth-file="$dir/tokens.csv" --authorization-mode="${RAYSHIFT_AUTHZ:-RBAC}" \
+    --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$dir/sa.pub" \
+    --service-account-signing-key-file="$dir/sa.key" --service-cluster-ip-range="$SERVICE_RANGE" \
+    --allow-privileged=true --disable-admission-plugins=ServiceAccount \
+    --endpoint-reconciler-type=none >"$dir/apiserver.log" 2>&1 &
+  echo $! >>"$dir/pids"
+}
+
+start() {
+  local dir=${1:?usage: start DIR}
+  have_binaries || install
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  local etcd_port api_port admin sa
+  etcd_port=$(free_port); api_port=$(free_port)
+  admin=$(token); sa=$(token)
+  echo "$admin,admin,admin,system:masters" >"$dir/tokens.csv"
+  # rayshift's own identity, for tests that run it under its least-privilege RBAC (manifests/deploy/rbac.yaml).
+  echo "$sa,system:serviceaccount:rayshift-system:rayshift,rayshift-sa,\"system:serviceaccounts,system:serviceaccounts:rayshift-system,system:authenticated\"" >>"$dir/tokens.csv"
+  openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
+  : >"$dir/pids"
+  start_etcd "$dir" "$etcd_port"
+  start_apiserver "$dir" "$etcd_port" "$api_port"
+  local url="https://127.0.0.1:$api_port"
+  kubeconfig "$url" admin "$admin" >"$dir/kubeconfig"
+  kubeconfig "$url" rayshift "$sa" >"$dir/kubeconfig-rayshift"
+  if ! wait_ready "$url" "$admin"; then
+    tail -n 30 "$dir/apiserver.log" "$dir/etcd.log" >&2
     stop "$dir"
     die "kube-apiserver did not become ready"
   fi
-
-  "$BIN/kube-controller-manager" --kubeconfig="$dir/kubeconfig" --controllers=garbagecollector,namespace \
-    --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 --port=0 >"$dir/controller-manager.log" 2>&1 &
+  "$BIN/kube-controller-manager" --kubeconfig="$dir/kubeconfig" \
+    --controllers=garbage-collector-controller,namespace-controller,endpoints-controller,endpointslice-controller \
+    --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 >"$dir/controller-manager.log" 2>&1 &
   echo $! >>"$dir/pids"
   echo "$url" >"$dir/server"
   if [ -n "${RAYSHIFT_OWNER_PID:-}" ]; then
@@ -199,5 +225,6 @@ case "${1:-}" in
   start) shift; start "$@" ;;
   stop) shift; stop "$@" ;;
   bin) echo "$BIN" ;;
-  *) echo "usage: $0 install | start DIR | stop DIR | bin" >&2; exit 2 ;;
+  version) echo "Kubernetes v$KUBE_VERSION, etcd v$ETCD_VERSION" ;;
+  *) echo "usage: $0 install | start DIR | stop DIR | bin | version" >&2; exit 2 ;;
 esac

@@ -1,5 +1,6 @@
 //! A real kube-apiserver + etcd (+ kube-controller-manager) for the tests of one test binary, started by
-//! the project's own `tests/env/control-plane.sh`, with rayshift's CRDs and the Gateway API CRDs installed.
+//! the project's own `tests/env/control-plane.sh`, with the upstream KubeRay and Gateway API CRDs installed
+//! unmodified (KubeRay's with rayshift's reconcile component, as a user running rayshift's controller would).
 //!
 //! One control plane per test binary (started on first use); every test gets a fresh namespace. The
 //! control plane stops when the test binary exits (the script's watchdog watches our PID).
@@ -39,23 +40,104 @@ pub struct ControlPlane {
 static SHARED: OnceLock<ControlPlane> = OnceLock::new();
 static WITHOUT_GATEWAY: OnceLock<ControlPlane> = OnceLock::new();
 
-/// A control plane of this test binary with rayshift's CRDs but no Gateway API.
+/// Upstream CRDs, exactly as released (tests/env/upstream.sh reads them from their Go modules).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Crds {
+    /// KubeRay's RayService, RayCluster and RayJob CRDs, CEL rules included.
+    KubeRay,
+    /// KubeRay's CRDs with rayshift's reconcile component (manifests/components/reconcile) applied.
+    KubeRayForRayshift,
+    /// The Gateway API standard channel.
+    GatewayApi,
+}
+
+/// A control plane of this test binary with KubeRay's CRDs (reconcile component applied) but no Gateway API.
 pub fn control_plane_without_gateway_api() -> &'static ControlPlane {
-    WITHOUT_GATEWAY.get_or_init(|| ControlPlane::start().with_crds(&["manifests/crds/crds.yaml"]))
+    WITHOUT_GATEWAY.get_or_init(|| ControlPlane::start().with_crds(&[Crds::KubeRayForRayshift]))
 }
 
 /// The control plane of this test binary, started (and given the CRDs) on first use.
 pub fn control_plane() -> &'static ControlPlane {
-    SHARED.get_or_init(|| {
-        ControlPlane::start().with_crds(&["manifests/crds/crds.yaml", "manifests/gateway-api/crds.yaml"])
-    })
+    SHARED.get_or_init(|| ControlPlane::start().with_crds(&[Crds::KubeRayForRayshift, Crds::GatewayApi]))
+}
+
+/// Paths of an upstream CRD set.
+pub fn upstream_crds(set: &str) -> Vec<PathBuf> {
+    let out = Command::new("bash")
+        .arg(repo().join("tests/env/upstream.sh"))
+        .args(["crds", set])
+        .output()
+        .expect("run tests/env/upstream.sh");
+    assert!(
+        out.status.success(),
+        "upstream CRDs {set}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// KubeRay's CRDs through a kustomization that adds rayshift's reconcile component, as a user would.
+fn kuberay_crds_with_component() -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut resources = Vec::new();
+    for f in upstream_crds("kuberay") {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        std::fs::copy(&f, dir.path().join(&name)).unwrap();
+        resources.push(name);
+    }
+    // kustomize takes only relative paths: from the temporary directory up to / and down to the repository.
+    let up = "../".repeat(dir.path().components().count() - 1);
+    let component = format!(
+        "{up}{}",
+        repo().join("manifests/components/reconcile").to_string_lossy().trim_start_matches('/')
+    );
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\ncomponents: [{}]\n",
+            resources.join(", "),
+            component
+        ),
+    )
+    .unwrap();
+    let out = Command::new(kubectl())
+        .args(["kustomize", &dir.path().to_string_lossy()])
+        .output()
+        .expect("run kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize with the reconcile component: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 impl ControlPlane {
-    /// Installs CRD files (repository paths) and waits until they are established.
-    pub fn with_crds(self, files: &[&str]) -> Self {
-        for f in files {
-            self.kubectl(&["apply", "-f", &repo().join(f).to_string_lossy()]);
+    /// Installs upstream CRD sets (server-side: KubeRay's are too large for a last-applied annotation) and
+    /// waits until they are established.
+    pub fn with_crds(self, sets: &[Crds]) -> Self {
+        for set in sets {
+            match set {
+                Crds::KubeRayForRayshift => {
+                    self.kubectl_stdin(
+                        &["apply", "--server-side", "-f", "-"],
+                        &kuberay_crds_with_component(),
+                    );
+                }
+                Crds::KubeRay | Crds::GatewayApi => {
+                    let name = if *set == Crds::KubeRay {
+                        "kuberay"
+                    } else {
+                        "gateway-api"
+                    };
+                    for f in upstream_crds(name) {
+                        self.kubectl(&["apply", "--server-side", "-f", &f.to_string_lossy()]);
+                    }
+                }
+            }
         }
         self.kubectl(&[
             "wait",
@@ -65,6 +147,28 @@ impl ControlPlane {
             "--all",
         ]);
         self
+    }
+
+    /// Runs kubectl with `input` on stdin; panics on failure.
+    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
+        use std::io::Write as _;
+        let mut child = Command::new(kubectl())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Starts a new control plane in a fresh directory; it stops when this process exits.
@@ -198,15 +302,15 @@ impl ControlPlane {
     }
 }
 
-/// kubectl: the machine's, or the one the control-plane script built.
+/// kubectl of the control plane's own release, built by the control-plane script.
 pub fn kubectl() -> PathBuf {
-    let out = Command::new("bash").arg(script()).arg("bin").output().unwrap();
-    let built = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubectl");
-    if built.exists() {
-        built
-    } else {
-        PathBuf::from("kubectl")
-    }
+    static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
+    KUBECTL
+        .get_or_init(|| {
+            let out = Command::new("bash").arg(script()).arg("bin").output().unwrap();
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubectl")
+        })
+        .clone()
 }
 
 pub fn alive(pid: u32) -> bool {

@@ -52,6 +52,11 @@ impl ControllerProcess {
                 "info,kube=warn,kube_client=error",
             ])
             .args(health_args)
+            .args(if extra.iter().any(|a| a.starts_with("--mode")) {
+                &[][..]
+            } else {
+                &["--mode=reconcile"][..]
+            })
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
