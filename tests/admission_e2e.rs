@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::{collections::BTreeMap, path::PathBuf, process::Output};
+use std::{path::PathBuf, process::Output};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
@@ -12,21 +12,21 @@ use kube::{
     api::{DynamicObject, ObjectMeta, Patch, PatchParams, PostParams},
     core::{ApiResource, GroupVersionKind},
 };
-use rayshift_api::{RayCluster, RayService, documents};
+use rayshift_api::{RayService, documents};
 use serde_json::{Value, json};
 use support::{
     cluster::{ControlPlane, control_plane},
-    webhook::{WebhookProcess, generate_certs},
+    webhook::AdmissionWebhook,
 };
 
 /// A namespace whose RayServices are admitted by this test's own webhook.
 struct Admitted {
-    _certs: tempfile::TempDir,
-    _webhook: WebhookProcess,
+    _webhook: AdmissionWebhook,
+    /// Manifests written for kubectl.
+    files: tempfile::TempDir,
     cp: &'static ControlPlane,
     client: Client,
     ns: String,
-    name: String,
 }
 
 impl Admitted {
@@ -34,79 +34,27 @@ impl Admitted {
         let cp = control_plane();
         let client = cp.client().await;
         assert!(cp.crds_established(&client).await);
-        let certs = tempfile::tempdir().unwrap();
-        generate_certs(certs.path(), false);
-        let webhook = WebhookProcess::start(certs.path(), &[]);
-        // A namespace labelled for this test; the webhook configurations select only it.
-        let name = format!("e2e-{test}");
-        let ns = name.clone();
+        let ns = format!("e2e-{test}");
         let namespaces: Api<Namespace> = Api::all(client.clone());
-        let labels = BTreeMap::from([("rayshift-e2e".to_string(), name.clone())]);
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
         namespaces
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(ns.clone()),
-                        labels: Some(labels),
-                        ..ObjectMeta::default()
-                    },
-                    ..Namespace::default()
-                },
-            )
+            .create(&PostParams::default(), &namespace)
             .await
             .unwrap();
-        let config = std::process::Command::new(support::webhook::rayshift_bin())
-            .args(["certs", "webhook-config", "--name", &name])
-            .arg("--ca")
-            .arg(certs.path().join("ca.crt"))
-            .args(["--url", &format!("https://127.0.0.1:{}", webhook.addr.port())])
-            .args(["--namespace-selector", &format!("rayshift-e2e={name}")])
-            .output()
-            .unwrap();
-        assert!(
-            config.status.success(),
-            "{}",
-            String::from_utf8_lossy(&config.stderr)
-        );
-        let file = certs.path().join("webhooks.yaml");
-        std::fs::write(&file, &config.stdout).unwrap();
-        cp.kubectl(&["apply", "-f", &file.to_string_lossy()]);
-        let admitted = Self {
-            _certs: certs,
+        let webhook = AdmissionWebhook::register(cp, &client, &ns, &[]).await;
+        Self {
             _webhook: webhook,
+            files: tempfile::tempdir().unwrap(),
             cp,
             client,
             ns,
-            name,
-        };
-        admitted.wait_until_webhook_answers().await;
-        admitted
-    }
-
-    /// The apiserver picks up new webhook configurations asynchronously; probe with a dry run.
-    async fn wait_until_webhook_answers(&self) {
-        let api = self.rayservices();
-        let mut bad = fixture("step-size-range");
-        bad["metadata"]["name"] = json!("probe");
-        let bad: RayService = serde_json::from_value(bad).unwrap();
-        for _ in 0..100 {
-            if api
-                .create(
-                    &PostParams {
-                        dry_run: true,
-                        ..PostParams::default()
-                    },
-                    &bad,
-                )
-                .await
-                .is_err()
-            {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        panic!("the webhook never started answering for namespace {}", self.ns);
     }
 
     fn rayservices(&self) -> Api<RayService> {
@@ -118,7 +66,7 @@ impl Admitted {
         let mut object = object.clone();
         object["metadata"]["namespace"] = json!(self.ns);
         let path = self
-            ._certs
+            .files
             .path()
             .join(format!("{}.json", object["metadata"]["name"].as_str().unwrap()));
         std::fs::write(&path, serde_json::to_vec(&object).unwrap()).unwrap();
@@ -129,14 +77,8 @@ impl Admitted {
         self.cp.kubectl_output(args)
     }
 
-    async fn cleanup(self) {
-        let _ = self.cp.kubectl_output(&[
-            "delete",
-            "validatingwebhookconfiguration,mutatingwebhookconfiguration",
-            &format!("{}-validating", self.name),
-            &format!("{}-mutating", self.name),
-        ]);
-    }
+    /// Unregisters the webhook (on drop).
+    async fn cleanup(self) {}
 }
 
 fn fixture(name: &str) -> Value {
@@ -217,7 +159,10 @@ async fn bad_rayservices_are_rejected_with_the_webhook_message() {
         "{}",
         schema.message
     );
-    many["spec"].as_object_mut().unwrap().remove("rayClusterDeletionDelaySeconds");
+    many["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("rayClusterDeletionDelaySeconds");
     let status = api_error(
         api.create(&PostParams::default(), &typed(many))
             .await
@@ -343,9 +288,13 @@ async fn stored(client: &Client, ns: &str, kind: &str, object: &Value, status: O
         .await
         .unwrap();
     if let Some(status) = status {
-        raw.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": status})))
-            .await
-            .unwrap();
+        raw.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": status})),
+        )
+        .await
+        .unwrap();
     }
     serde_json::to_value(raw.get(&name).await.unwrap()).unwrap()
 }
@@ -370,7 +319,10 @@ async fn kuberay_sample_is_stored_and_read_back_without_losing_fields() {
 
     let through = stored(&a.client, &a.ns, "RayService", &sample, Some(&status)).await;
     let without = stored(&a.client, &plain, "RayService", &sample, Some(&status)).await;
-    assert_eq!(through["spec"], without["spec"], "rayshift's admission changed the spec");
+    assert_eq!(
+        through["spec"], without["spec"],
+        "rayshift's admission changed the spec"
+    );
     assert_eq!(through["status"], without["status"]);
     assert_eq!(through["metadata"]["labels"], sample["metadata"]["labels"]);
     // What the released schema keeps is kept whole (the sample's fields that KubeRay knows).
@@ -382,7 +334,10 @@ async fn kuberay_sample_is_stored_and_read_back_without_losing_fields() {
         through["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["scaleStrategy"],
         sample["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["scaleStrategy"]
     );
-    assert!(through["status"]["activeServiceStatus"]["rayClusterName"].is_string(), "{through}");
+    assert!(
+        through["status"]["activeServiceStatus"]["rayClusterName"].is_string(),
+        "{through}"
+    );
 
     // A RayCluster (as KubeRay's controller would see it) as well.
     let through = stored(&a.client, &a.ns, "RayCluster", &cluster, None).await;

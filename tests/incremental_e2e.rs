@@ -271,7 +271,9 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
     // schema stores the unset count as its default, 0, never the user's 5.
     let clusters: Api<RayCluster> = Api::namespaced(env.client.clone(), &env.ns);
     assert_eq!(
-        clusters.get(&new).await.unwrap().spec.worker_groups()[0].replicas.unwrap_or(0),
+        clusters.get(&new).await.unwrap().spec.worker_groups()[0]
+            .replicas
+            .unwrap_or(0),
         0
     );
     // The old cluster goes after the deletion delay; the Gateway and HTTPRoute stay.

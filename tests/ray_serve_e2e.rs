@@ -22,7 +22,7 @@ use kube::{
 use rayshift_api::RayService;
 use serde_json::{Value, json};
 use support::{
-    cluster::control_plane,
+    cluster::control_plane_beside_ray,
     controller::ControllerProcess,
     dataplane::NginxGateway,
     load::{Load, Response},
@@ -112,7 +112,7 @@ enum DashboardRoute {
 
 impl Env {
     async fn new(prefix: &str, route: DashboardRoute) -> Self {
-        let cp = control_plane();
+        let cp = control_plane_beside_ray();
         let client = cp.client().await;
         assert!(cp.crds_established(&client).await);
         let ns = cp.namespace(&client, prefix).await;

@@ -308,3 +308,31 @@ fn default_flags_override_the_config_file() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("stepSizePercent"));
 }
+
+/// `--kuberay-version` picks the release whose defaults the rules follow: KubeRay 1.7 turns the incremental
+/// gate on, 1.5 and 1.6 leave it off, and an explicit `--feature-gates` wins over either.
+#[test]
+fn the_kuberay_version_sets_the_incremental_gates_default() {
+    let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validate/feature-gate-off.yaml");
+    let f = f.to_str().unwrap();
+    let code = |extra: &[&str]| {
+        let mut args = vec!["validate", "-f", f];
+        args.extend_from_slice(extra);
+        rayshift(&args).status.code()
+    };
+    assert_eq!(code(&[]), Some(1), "1.6 by default: the gate is off");
+    assert_eq!(code(&["--kuberay-version", "1.5"]), Some(1));
+    assert_eq!(code(&["--kuberay-version", "v1.7.0"]), Some(0));
+    assert_eq!(
+        code(&[
+            "--kuberay-version",
+            "1.7",
+            "--feature-gates",
+            "RayServiceIncrementalUpgrade=false"
+        ]),
+        Some(1)
+    );
+    let bad = rayshift(&["validate", "-f", f, "--kuberay-version", "1.4"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unsupported KubeRay version 1.4"));
+}

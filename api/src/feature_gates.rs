@@ -1,6 +1,10 @@
 //! Feature gates in Kubernetes syntax: `--feature-gates=RayServiceIncrementalUpgrade=true,Other=false`.
 
-use std::{collections::BTreeMap, fmt, str::FromStr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    str::FromStr,
+};
 
 use crate::error::Error;
 
@@ -21,13 +25,55 @@ pub const RAY_SERVICE_INCREMENTAL_UPGRADE: &str = "RayServiceIncrementalUpgrade"
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FeatureGates {
     enabled: BTreeMap<&'static str, bool>,
+    /// Gates named on the command line: a KubeRay version's defaults never override them.
+    explicit: BTreeSet<&'static str>,
 }
 
 impl Default for FeatureGates {
     fn default() -> Self {
         Self {
             enabled: KNOWN_GATES.iter().copied().collect(),
+            explicit: BTreeSet::new(),
         }
+    }
+}
+
+/// The KubeRay release whose semantics the rules follow where releases differ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KubeRayVersion {
+    /// v1.5.x: the seeds' release; incremental upgrade is alpha (gate off by default).
+    V1_5,
+    /// v1.6.x: adds RayService `managedBy`; incremental upgrade still off by default.
+    #[default]
+    V1_6,
+    /// v1.7.x: `RayServiceIncrementalUpgrade` is beta and on by default.
+    V1_7,
+}
+
+impl FromStr for KubeRayVersion {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let t = s.trim().trim_start_matches('v');
+        let minor = t.strip_prefix("1.").map(|r| r.split('.').next().unwrap_or(""));
+        match minor {
+            Some("5") => Ok(Self::V1_5),
+            Some("6") => Ok(Self::V1_6),
+            Some("7") => Ok(Self::V1_7),
+            _ => Err(Error::FeatureGates(format!(
+                "unsupported KubeRay version {s}: use 1.5, 1.6 or 1.7"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for KubeRayVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::V1_5 => "1.5",
+            Self::V1_6 => "1.6",
+            Self::V1_7 => "1.7",
+        })
     }
 }
 
@@ -47,7 +93,17 @@ impl FeatureGates {
             .find(|(n, _)| *n == gate)
             .ok_or_else(|| Error::FeatureGates(format!("unrecognized feature gate: {gate}")))?;
         self.enabled.insert(name, on);
+        self.explicit.insert(name);
         Ok(())
+    }
+
+    /// These gates with `version`'s defaults for every gate not named explicitly.
+    pub fn for_kuberay(mut self, version: KubeRayVersion) -> Self {
+        let incremental = version >= KubeRayVersion::V1_7;
+        if !self.explicit.contains(RAY_SERVICE_INCREMENTAL_UPGRADE) {
+            self.enabled.insert(RAY_SERVICE_INCREMENTAL_UPGRADE, incremental);
+        }
+        self
     }
 
     /// Returns a copy with one gate changed (handy in tests and callers that hold `&self`).
@@ -85,6 +141,27 @@ impl fmt::Display for FeatureGates {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<String> = self.enabled.iter().map(|(k, v)| format!("{k}={v}")).collect();
         f.write_str(&parts.join(","))
+    }
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+
+    #[test]
+    fn kuberay_1_7_turns_the_incremental_gate_on_unless_told_otherwise() {
+        let v17: KubeRayVersion = "v1.7.0".parse().unwrap();
+        assert!(FeatureGates::default().for_kuberay(v17).incremental_upgrade());
+        for older in ["1.5", "1.6.2"] {
+            let v = older.parse().unwrap();
+            assert!(!FeatureGates::default().for_kuberay(v).incremental_upgrade());
+        }
+        let off: FeatureGates = "RayServiceIncrementalUpgrade=false".parse().unwrap();
+        assert!(!off.for_kuberay(v17).incremental_upgrade());
+        let on: FeatureGates = "RayServiceIncrementalUpgrade=true".parse().unwrap();
+        assert!(on.for_kuberay(KubeRayVersion::V1_5).incremental_upgrade());
+        assert!("1.4".parse::<KubeRayVersion>().is_err());
+        assert!("2.0".parse::<KubeRayVersion>().is_err());
     }
 }
 

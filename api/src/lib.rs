@@ -19,6 +19,6 @@ pub mod upgrade_control;
 pub mod validation;
 
 pub use error::{Error, Result};
-pub use feature_gates::FeatureGates;
+pub use feature_gates::{FeatureGates, KubeRayVersion};
 pub use raycluster::{RayCluster, RayClusterSpec, RayClusterStatus};
 pub use rayservice::{RayService, RayServiceSpec, RayServiceStatuses, UpgradeType};

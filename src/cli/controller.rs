@@ -10,7 +10,7 @@ use prometheus::Registry;
 use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER};
 use rayshift_controller::{ControllerOptions, Mode, dashboard};
 
-use super::{CliError, logging::LogArgs, parse_gates, runtime, serve_metrics, shutdown, webhook};
+use super::{CliError, GateArgs, logging::LogArgs, runtime, serve_metrics, shutdown, webhook};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum ModeArg {
@@ -142,9 +142,8 @@ pub struct Command {
     /// spec.managedBy value of the RayServices this controller owns.
     #[arg(long, default_value = RAYSHIFT_MANAGER)]
     managed_by: String,
-    /// Feature gates, Kubernetes syntax: RayServiceIncrementalUpgrade=true.
-    #[arg(long, value_parser = parse_gates, default_value = "", env = "RAYSHIFT_FEATURE_GATES")]
-    feature_gates: FeatureGates,
+    #[command(flatten)]
+    gates: GateArgs,
     /// Plain-HTTP address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080", env = "RAYSHIFT_METRICS_ADDR")]
     metrics_addr: SocketAddr,
@@ -159,7 +158,7 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
         let shutdown = shutdown::on_signal();
         let client = cmd.controller.client().await?;
         let admin_task = serve_metrics(cmd.metrics_addr, &registry, Arc::new(|| true), &shutdown).await?;
-        let config = cmd.controller.run_config(cmd.feature_gates, &cmd.managed_by);
+        let config = cmd.controller.run_config(cmd.gates.gates(), &cmd.managed_by);
         rayshift_controller::run(client, config, &registry, shutdown).await?;
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
@@ -191,7 +190,7 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
         let hook_task = tokio::spawn(hook.run(shutdown.clone()));
         let config = cmd
             .controller
-            .run_config(cmd.webhook.feature_gates.clone(), &cmd.webhook.managed_by);
+            .run_config(cmd.webhook.gates.gates(), &cmd.webhook.managed_by);
         rayshift_controller::run(client, config, &registry, shutdown).await?;
         hook_task
             .await

@@ -175,6 +175,28 @@ pub fn parse_gates(s: &str) -> Result<FeatureGates, String> {
     s.parse::<FeatureGates>().map_err(|e| e.to_string())
 }
 
+fn parse_kuberay_version(s: &str) -> Result<rayshift_api::KubeRayVersion, String> {
+    s.parse().map_err(|e: rayshift_api::Error| e.to_string())
+}
+
+/// Feature gates and the KubeRay release whose defaults they start from.
+#[derive(Clone, Debug, clap::Args)]
+pub struct GateArgs {
+    /// Feature gates, Kubernetes syntax: RayServiceIncrementalUpgrade=true|false.
+    #[arg(long, value_parser = parse_gates, default_value = "", env = "RAYSHIFT_FEATURE_GATES")]
+    feature_gates: FeatureGates,
+    /// KubeRay release whose semantics the rules follow where releases differ (1.5, 1.6 or 1.7): with 1.7,
+    /// RayServiceIncrementalUpgrade is on unless --feature-gates says otherwise.
+    #[arg(long, value_parser = parse_kuberay_version, default_value = "1.6", env = "RAYSHIFT_KUBERAY_VERSION")]
+    kuberay_version: rayshift_api::KubeRayVersion,
+}
+
+impl GateArgs {
+    pub fn gates(&self) -> FeatureGates {
+        self.feature_gates.clone().for_kuberay(self.kuberay_version)
+    }
+}
+
 fn read(path: &std::path::Path) -> Result<String, CliError> {
     let shown = path.display().to_string();
     if shown == "-" {

@@ -3,22 +3,21 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use rayshift_api::{
-    FeatureGates, defaulting, documents,
+    defaulting, documents,
     rayservice::RAYSHIFT_MANAGER,
     validation::{self, ValidationConfig, Verdict},
 };
 use serde_json::{Value, json};
 
-use super::{CliError, DefaultsArgs, EXIT_DENIED, Output, parse_gates, rayservice_documents};
+use super::{CliError, DefaultsArgs, EXIT_DENIED, GateArgs, Output, rayservice_documents};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// RayService manifest (multi-document YAML); repeat for more files, `-` for stdin.
     #[arg(short = 'f', long = "filename", required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
-    /// Feature gates, Kubernetes syntax: RayServiceIncrementalUpgrade=true|false.
-    #[arg(long, value_parser = parse_gates, default_value = "")]
-    feature_gates: FeatureGates,
+    #[command(flatten)]
+    gates: GateArgs,
     /// The managedBy value this rayshift answers to (accepted besides KubeRay's own).
     #[arg(long, default_value = RAYSHIFT_MANAGER)]
     managed_by: String,
@@ -38,7 +37,7 @@ struct Review {
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
     let defaults = args.defaults.load()?;
     let mut config = ValidationConfig {
-        feature_gates: args.feature_gates,
+        feature_gates: args.gates.gates(),
         ..ValidationConfig::default()
     };
     if !config.managed_by_values.contains(&args.managed_by) {

@@ -3,10 +3,10 @@
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use prometheus::Registry;
-use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER, validation::ValidationConfig};
+use rayshift_api::{rayservice::RAYSHIFT_MANAGER, validation::ValidationConfig};
 use rayshift_webhook::{Webhook, WebhookOptions, admission::AdmissionConfig, server::ServerSettings};
 
-use super::{CliError, DefaultsArgs, logging::LogArgs, parse_gates, runtime, serve_metrics, shutdown};
+use super::{CliError, DefaultsArgs, GateArgs, logging::LogArgs, runtime, serve_metrics, shutdown};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -28,9 +28,8 @@ pub struct Args {
     /// Time allowed to read and answer one request; slower ones get 408.
     #[arg(long, default_value_t = 10)]
     pub request_timeout_seconds: u64,
-    /// Feature gates, Kubernetes syntax: RayServiceIncrementalUpgrade=true.
-    #[arg(long, value_parser = parse_gates, default_value = "", env = "RAYSHIFT_FEATURE_GATES")]
-    pub feature_gates: FeatureGates,
+    #[command(flatten)]
+    pub gates: GateArgs,
     /// The managedBy value rayshift answers to (accepted besides KubeRay's own).
     #[arg(long, default_value = RAYSHIFT_MANAGER)]
     pub managed_by: String,
@@ -41,7 +40,7 @@ pub struct Args {
 impl Args {
     pub fn options(&self) -> Result<WebhookOptions, CliError> {
         let mut validation = ValidationConfig {
-            feature_gates: self.feature_gates.clone(),
+            feature_gates: self.gates.gates(),
             ..ValidationConfig::default()
         };
         if !validation.managed_by_values.contains(&self.managed_by) {

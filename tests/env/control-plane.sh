@@ -27,6 +27,9 @@ CACHE="${RAYSHIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift}"
 KUBE_CACHE="$CACHE/kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
 BIN="$KUBE_CACHE/bin"
 SERVICE_RANGE=10.96.0.0/16 # covered by tests/env/local-routes.sh
+# Niceness of the control plane's processes (RAYSHIFT_CP_NICE): tests that run real Ray heads on the same cores
+# lower it, as a real control plane does not share a node with the Serve replicas it steers.
+NICE="nice -n ${RAYSHIFT_CP_NICE:-0}"
 COMMANDS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
 
 log() { echo "control-plane: $*" >&2; }
@@ -148,7 +151,7 @@ EOF
 start_etcd() {
   local dir=$1 port=$2 peer
   peer=$(free_port)
-  "$BIN/etcd" --data-dir "$dir/etcd" --name rayshift-test --log-level warn \
+  $NICE "$BIN/etcd" --data-dir "$dir/etcd" --name rayshift-test --log-level warn \
     --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
     --initial-cluster "rayshift-test=http://127.0.0.1:$peer" >"$dir/etcd.log" 2>&1 &
@@ -157,7 +160,7 @@ start_etcd() {
 
 start_apiserver() {
   local dir=$1 etcd_port=$2 api_port=$3
-  "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" \
+  $NICE "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" \
     --secure-port="$api_port" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
     --cert-dir="$dir/certs" --token-auth-file="$dir/tokens.csv" --authorization-mode="${RAYSHIFT_AUTHZ:-RBAC}" \
     --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$dir/sa.pub" \
@@ -191,8 +194,8 @@ start() {
     stop "$dir"
     die "kube-apiserver did not become ready"
   fi
-  "$BIN/kube-controller-manager" --kubeconfig="$dir/kubeconfig" \
-    --controllers=garbage-collector-controller,namespace-controller,endpoints-controller,endpointslice-controller \
+  $NICE "$BIN/kube-controller-manager" --kubeconfig="$dir/kubeconfig" \
+    --controllers=garbage-collector-controller,namespace-controller,endpoints-controller,endpointslice-controller,endpointslice-mirroring-controller \
     --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 >"$dir/controller-manager.log" 2>&1 &
   echo $! >>"$dir/pids"
   echo "$url" >"$dir/server"

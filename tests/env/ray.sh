@@ -17,6 +17,10 @@ CACHE="${RAYSHIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift}"
 VENV="$CACHE/ray-$RAY_VERSION"
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 export RAY_USAGE_STATS_ENABLED=0
+# Ray runs its workers (Serve replicas and proxy included) at nice 15, for nodes it shares with nothing else. Here
+# the test control plane shares the same 2 cores and would starve them: run them at normal priority, as a
+# dedicated Ray node effectively does.
+export RAY_worker_niceness=0
 # Network namespaces need root.
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -38,6 +38,7 @@ pub struct ControlPlane {
 }
 
 static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+static BESIDE_RAY: OnceLock<ControlPlane> = OnceLock::new();
 static WITHOUT_GATEWAY: OnceLock<ControlPlane> = OnceLock::new();
 
 /// Upstream CRDs, exactly as released (tests/env/upstream.sh reads them from their Go modules).
@@ -59,6 +60,14 @@ pub fn control_plane_without_gateway_api() -> &'static ControlPlane {
 /// The control plane of this test binary, started (and given the CRDs) on first use.
 pub fn control_plane() -> &'static ControlPlane {
     SHARED.get_or_init(|| ControlPlane::start().with_crds(&[Crds::KubeRayForRayshift, Crds::GatewayApi]))
+}
+
+/// Like `control_plane()`, for tests whose real Ray heads share these cores: the control plane runs at nice 19 so
+/// that it cannot starve the Serve replicas (on a real cluster it has nodes of its own).
+pub fn control_plane_beside_ray() -> &'static ControlPlane {
+    BESIDE_RAY.get_or_init(|| {
+        ControlPlane::start_with_nice(19).with_crds(&[Crds::KubeRayForRayshift, Crds::GatewayApi])
+    })
 }
 
 /// Paths of an upstream CRD set.
@@ -92,7 +101,10 @@ fn kuberay_crds_with_component() -> String {
     let up = "../".repeat(dir.path().components().count() - 1);
     let component = format!(
         "{up}{}",
-        repo().join("manifests/components/reconcile").to_string_lossy().trim_start_matches('/')
+        repo()
+            .join("manifests/components/reconcile")
+            .to_string_lossy()
+            .trim_start_matches('/')
     );
     std::fs::write(
         dir.path().join("kustomization.yaml"),
@@ -173,6 +185,11 @@ impl ControlPlane {
 
     /// Starts a new control plane in a fresh directory; it stops when this process exits.
     pub fn start() -> Self {
+        Self::start_with_nice(0)
+    }
+
+    /// `start()`, with the control plane's processes at this niceness.
+    pub fn start_with_nice(nice: u8) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("rayshift-cp-")
             .tempdir()
@@ -184,6 +201,7 @@ impl ControlPlane {
             .arg("start")
             .arg(&dir)
             .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
+            .env("RAYSHIFT_CP_NICE", nice.to_string())
             .output()
             .expect("run tests/env/control-plane.sh");
         assert!(

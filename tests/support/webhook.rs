@@ -225,3 +225,111 @@ pub mod plain_http {
         get(url).map(|(_, b)| b).unwrap_or_default()
     }
 }
+
+/// A `rayshift webhook` registered with a control plane for one namespace (selected by a label it sets), the
+/// way an operator installs it; the configurations are removed on drop.
+pub struct AdmissionWebhook {
+    pub process: WebhookProcess,
+    pub name: String,
+    kubeconfig: PathBuf,
+    _certs: tempfile::TempDir,
+}
+
+impl AdmissionWebhook {
+    pub async fn register(
+        cp: &super::cluster::ControlPlane,
+        client: &kube::Client,
+        ns: &str,
+        extra: &[&str],
+    ) -> Self {
+        use kube::api::{Patch, PatchParams};
+        let certs = tempfile::tempdir().unwrap();
+        generate_certs(certs.path(), false);
+        let process = WebhookProcess::start(certs.path(), extra);
+        let name = format!("e2e-{ns}");
+        let label = json!({"metadata": {"labels": {"rayshift-e2e": name}}});
+        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .patch(ns, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .unwrap();
+        let config = Command::new(rayshift_bin())
+            .args(["certs", "webhook-config", "--name", &name, "--ca"])
+            .arg(certs.path().join("ca.crt"))
+            .args(["--url", &format!("https://127.0.0.1:{}", process.addr.port())])
+            .args(["--namespace-selector", &format!("rayshift-e2e={name}")])
+            .output()
+            .unwrap();
+        assert!(
+            config.status.success(),
+            "{}",
+            String::from_utf8_lossy(&config.stderr)
+        );
+        let file = certs.path().join("webhooks.yaml");
+        std::fs::write(&file, &config.stdout).unwrap();
+        cp.kubectl(&["apply", "-f", &file.to_string_lossy()]);
+        let hook = Self {
+            process,
+            name,
+            kubeconfig: cp.kubeconfig.clone(),
+            _certs: certs,
+        };
+        hook.wait_until_answering(client, ns).await;
+        hook
+    }
+
+    /// The apiserver picks up new webhook configurations asynchronously: probe with a dry run that only
+    /// rayshift denies (stepSizePercent over 100).
+    async fn wait_until_answering(&self, client: &kube::Client, ns: &str) {
+        use kube::api::PostParams;
+        let api: kube::Api<rayshift_api::RayService> = kube::Api::namespaced(client.clone(), ns);
+        let probe: rayshift_api::RayService = serde_json::from_value(json!({
+            "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "probe"},
+            "spec": {"upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
+                        "gatewayClassName": "g", "maxSurgePercent": 50, "stepSizePercent": 150, "intervalSeconds": 60}},
+                     "serveConfigV2": "applications:\n  - name: a\n    import_path: m:app\n",
+                     "rayClusterConfig": {"enableInTreeAutoscaling": true, "headGroupSpec": {"rayStartParams": {},
+                        "template": {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.46.0"}]}}}}}
+        }))
+        .unwrap();
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        for _ in 0..100 {
+            if let Err(e) = api.create(&dry, &probe).await
+                && e.to_string().contains("admission webhook")
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the webhook never started answering for namespace {ns}");
+    }
+
+    /// Requests the webhook denied so far.
+    pub fn denied(&self) -> f64 {
+        self.process
+            .metrics()
+            .lines()
+            .filter(|l| l.starts_with("rayshift_admission_denials_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for AdmissionWebhook {
+    fn drop(&mut self) {
+        let _ = Command::new(super::cluster::kubectl())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args([
+                "delete",
+                "validatingwebhookconfiguration,mutatingwebhookconfiguration",
+            ])
+            .args([
+                format!("{}-validating", self.name),
+                format!("{}-mutating", self.name),
+            ])
+            .output();
+    }
+}

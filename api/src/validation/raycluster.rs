@@ -54,6 +54,7 @@ pub(crate) fn validate_cluster_spec(
     for (i, wg) in spec.worker_groups().iter().enumerate() {
         validate_worker(spec, i, wg, v);
     }
+    check_unique_group_names(spec, v);
     validate_gcs_ft(spec, annotations, cfg, v);
     validate_autoscaler(spec, cfg, v);
     validate_history_server(spec, cfg, v);
@@ -224,6 +225,23 @@ fn autoscaler_version(spec: &RayClusterSpec) -> Option<&str> {
 fn autoscaler_v2_for_workers(spec: &RayClusterSpec) -> bool {
     let legacy = head_env(spec, AUTOSCALER_V2_ENV).and_then(|(_, e)| str_at(e, "value"));
     autoscaler_version(spec) == Some("v2") || matches!(legacy, Some("1" | "true"))
+}
+
+/// KubeRay's RayCluster webhook: a group name picks the Pods of a group, so two groups cannot share one.
+fn check_unique_group_names(spec: &RayClusterSpec, v: &mut Verdict) {
+    let groups = spec.worker_groups();
+    for (i, wg) in groups.iter().enumerate() {
+        if groups[..i]
+            .iter()
+            .any(|earlier| earlier.group_name == wg.group_name)
+        {
+            let (field, msg) = (
+                format!("{}.groupName", worker(i)),
+                "worker group names must be unique",
+            );
+            invalid(v, field, wg.group_name.as_str(), "worker-group-name-unique", msg);
+        }
+    }
 }
 
 fn validate_worker(spec: &RayClusterSpec, i: usize, wg: &WorkerGroupSpec, v: &mut Verdict) {
@@ -1057,6 +1075,19 @@ mod tests {
                    "worker group small: idleTimeoutSeconds is set, but autoscaler v2 is not enabled. Please set \
                     .spec.autoscalerOptions.version to 'v2'";
         }
+        // Two groups with one name (KubeRay's RayCluster webhook); distinct names are fine.
+        let group = base()["workerGroupSpecs"][0].clone();
+        let mut other = group.clone();
+        other["groupName"] = json!("large");
+        denied(
+            &[json!({"workerGroupSpecs": [group.clone(), group.clone()]})],
+            NO_ANN,
+            NO_GATES,
+            &format!("{}.groupName", worker(1)),
+            "worker-group-name-unique",
+            "worker group names must be unique",
+        );
+        allowed(&[json!({"workerGroupSpecs": [group, other]})], NO_ANN, NO_GATES);
         // The legacy head env var counts as autoscaler v2 for the worker rules.
         let legacy = head_env(json!([{"name": "RAY_enable_autoscaler_v2", "value": "true"}]));
         let idle = wg(json!({"idleTimeoutSeconds": 60}));
