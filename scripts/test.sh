@@ -33,6 +33,9 @@ step "upstream CRDs, unmodified, from their Go modules: $(bash tests/env/upstrea
 bash tests/env/upstream.sh crds kuberay
 bash tests/env/upstream.sh crds gateway-api
 
+step "the real KubeRay operator and kwok, from their Go modules (built once, cached)"
+bash tests/env/kuberay.sh install
+
 step "real Ray Serve test: ray[serve] venv, nginx, iproute2 (installed once, cached)"
 bash tests/env/ray.sh install
 ray_venv=$(bash tests/env/ray.sh venv)
@@ -48,8 +51,9 @@ failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 
 step "no control-plane, webhook, controller, Ray or nginx process left behind"
 cache_bin=$(bash tests/env/control-plane.sh bin)
+kuberay_bin=$(bash tests/env/kuberay.sh bin)
 for _ in $(seq 30); do
-  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager|kube-scheduler)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)|$ray_venv/|nginx: master process .*rayshift-nginx-" || true)
+  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager|kube-scheduler)|$kuberay_bin/(ray-operator|kwok)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)|$ray_venv/|nginx: master process .*rayshift-nginx-" || true)
   netns=$(ip netns list 2>/dev/null | grep -o '^rayshift-[0-9-]*' || true)
   [ -z "$left$netns" ] && break
   sleep 1
