@@ -58,14 +58,22 @@ async fn rayshift_managed_rayservices_need_the_reconcile_component() {
 
     // The component, as `kubectl patch` of a live cluster (the other tests apply it through kustomize).
     let patch = repo().join("manifests/components/reconcile/rayservice-crd.yaml");
-    cp.kubectl(&[
-        "patch",
-        "crd",
-        "rayservices.ray.io",
-        "--type=json",
-        "--patch-file",
-        &patch.to_string_lossy(),
-    ]);
+    let apply_component = || {
+        cp.kubectl_output(&[
+            "patch",
+            "crd",
+            "rayservices.ray.io",
+            "--type=json",
+            "--patch-file",
+            &patch.to_string_lossy(),
+        ])
+    };
+    let applied = apply_component();
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
     // The apiserver takes a moment to serve the new schema.
     let mut created = Err(String::new());
     for _ in 0..100 {
@@ -94,14 +102,7 @@ async fn rayshift_managed_rayservices_need_the_reconcile_component() {
         .expect_err("managedBy is immutable");
     assert!(immutable.to_string().contains("immutable"), "{immutable}");
     // The patch's guard: applied twice, its `test` operation refuses a rule it does not know.
-    let again = cp.kubectl_output(&[
-        "patch",
-        "crd",
-        "rayservices.ray.io",
-        "--type=json",
-        "--patch-file",
-        &patch.to_string_lossy(),
-    ]);
+    let again = apply_component();
     assert!(
         !again.status.success(),
         "the patch must not apply to an already widened rule"

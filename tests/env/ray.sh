@@ -102,7 +102,12 @@ stop() {
     [ -z "$($SUDO ip netns pids "$name" 2>/dev/null || true)" ] && break
     sleep 0.1
   done
-  # Deleting the namespace also removes the veth pair.
+  # Delete the host end of the veth first: the namespace (and the pair with it) may outlive `ip netns del` for a
+  # moment, and while it does the head's /24 still routes to it. Once the host end is gone, its address fails
+  # locally at once (local-routes.sh).
+  local ns_if
+  ns_if=$($SUDO ip netns exec "$name" ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | head -n1)
+  [ -n "$ns_if" ] && $SUDO ip link del "${ns_if%n}h" 2>/dev/null || true
   $SUDO ip netns del "$name" 2>/dev/null || true
   rm -rf "/tmp/ray-$name" "/tmp/ray-$name.log"
 }

@@ -151,13 +151,21 @@ impl ControlPlane {
                 }
             }
         }
-        self.kubectl(&[
+        // kubectl wait fails on a CRD that has no status yet ("accessor error"): retry that moment.
+        let wait = [
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
             "crd",
             "--all",
-        ]);
+        ];
+        for _ in 0..20 {
+            if self.kubectl_output(&wait).status.success() {
+                return self;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        self.kubectl(&wait);
         self
     }
 

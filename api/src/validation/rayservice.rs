@@ -1,8 +1,8 @@
 //! RayService rules: metadata, spec, clusterUpgradeOptions, serveConfigV2, and update-only checks.
 //!
 //! KubeRay's own rules (behaviour reference 7.2, 7.3) keep their messages; rayshift adds the feature gate,
-//! the CRD's CEL rules (1.20 has no CEL, so they live here), and checks that catch upgrades that could
-//! never finish.
+//! the CRD's CEL rules (also here, so that `rayshift validate` answers as the apiserver would), and checks
+//! that catch upgrades that could never finish.
 
 use std::collections::BTreeMap;
 
@@ -281,7 +281,8 @@ pub(crate) fn go_duration_seconds(s: &str) -> Option<f64> {
     Some(sign * total)
 }
 
-/// The CRD's CEL rules on `spec.managedBy` (allowed values, immutable), enforced here for 1.20.
+/// The CRD's CEL rules on `spec.managedBy` (allowed values, immutable), also checked here so that
+/// `rayshift validate` and clusters whose CRD predates them (KubeRay 1.5) answer the same.
 fn managed_by(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationConfig, v: &mut Verdict) {
     const FIELD: &str = "spec.managedBy";
     if let Some(value) = new.spec.managed_by.as_deref()
