@@ -4,7 +4,9 @@
 //!   its clusters (head Pods, Services, RayCluster status) while KubeRay's RayService controller never touches it;
 //! - a RayService KubeRay manages, in the same namespace, is left alone by rayshift's controller, still gets
 //!   rayshift's admission, and shows in rayshift's metrics (observe);
-//! - both delete cleanly (no finalizer of KubeRay's is left on rayshift's RayService).
+//! - the KubeRay-managed one is then handed over (`managedBy` set): rayshift removes KubeRay's finalizer and
+//!   serves it on the cluster KubeRay built (same spec: no new cluster, no needless upgrade);
+//! - both delete cleanly (no finalizer of KubeRay's is left on either).
 //!
 //! Stand-ins that remain: the Ray dashboard (a fake with the real API's shapes: the Pods kwok runs have no Ray in
 //! them) and the Gateway controller (test code; Traefik comes with the Gateway issue).
@@ -276,6 +278,15 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
     assert!(denied.to_string().contains("admission webhook"), "{denied}");
     assert!(webhook.denied() >= 1.0);
 
+    handover(
+        &services,
+        &clusters,
+        &client,
+        &ns,
+        logs("the handover did not complete"),
+    )
+    .await;
+
     // Deletion: rayshift's goes at once (nothing of KubeRay's holds it), with its clusters.
     services.delete("mine", &DeleteParams::default()).await.unwrap();
     eventually(
@@ -298,13 +309,20 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
         logs("mine was not deleted"),
     )
     .await;
-    // KubeRay's goes through KubeRay's finalizer.
+    // The one handed over goes too: KubeRay's finalizer no longer holds it, the garbage collector takes its cluster.
     services.delete("theirs", &DeleteParams::default()).await.unwrap();
     eventually(
-        "theirs is gone",
+        "theirs and its cluster are gone",
         60,
         Duration::from_millis(250),
-        || async { services.get_opt("theirs").await.ok()?.is_none().then_some(()) },
+        || async {
+            let gone = services.get_opt("theirs").await.ok()?.is_none();
+            let owned = clusters
+                .list(&ListParams::default().labels("ray.io/originated-from-cr-name=theirs"))
+                .await
+                .ok()?;
+            (gone && owned.items.is_empty()).then_some(())
+        },
         logs("theirs was not deleted"),
     )
     .await;
@@ -313,4 +331,91 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
     let stopped = kuberay_sh(&["stop", &dir.path().to_string_lossy()]);
     assert!(stopped.status.success());
     cp.stop();
+}
+
+/// Hands KubeRay's RayService "theirs" over to rayshift by setting `managedBy`, as a user would.
+async fn handover<F, Fut>(
+    services: &Api<RayService>,
+    clusters: &Api<RayCluster>,
+    client: &kube::Client,
+    ns: &str,
+    logs: F,
+) where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
+    let built_by_kuberay = clusters
+        .list(&ListParams::default().labels("ray.io/originated-from-cr-name=theirs"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(built_by_kuberay.len(), 1, "KubeRay built one cluster for theirs");
+    let kuberays = built_by_kuberay[0].name_any();
+    assert!(
+        built_by_kuberay[0]
+            .annotations()
+            .contains_key("ray.io/hash-without-replicas-and-workers-to-delete"),
+        "built by KubeRay (its hash), not by rayshift"
+    );
+    let patch = json!({"spec": {"managedBy": "rayshift.io/controller"}});
+    services
+        .patch("theirs", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("the reconcile component and rayshift's webhook allow setting managedBy once");
+
+    // rayshift serves it on KubeRay's cluster, with KubeRay's finalizer gone.
+    eventually(
+        "rayshift serves theirs on the cluster KubeRay built",
+        90,
+        Duration::from_millis(250),
+        || async {
+            let rs = services.get("theirs").await.ok()?;
+            let serving = active(&rs)? == kuberays
+                && rs
+                    .status
+                    .as_ref()?
+                    .active_service_status
+                    .as_ref()?
+                    .traffic_routed_percent
+                    .is_none_or(|t| t == 100)
+                && pending(&rs).is_none();
+            (serving && !rs.finalizers().iter().any(|f| f.starts_with("ray.io/"))).then_some(())
+        },
+        logs,
+    )
+    .await;
+    let now: Vec<String> = clusters
+        .list(&ListParams::default().labels("ray.io/originated-from-cr-name=theirs"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    assert_eq!(
+        now,
+        vec![kuberays.clone()],
+        "no new cluster: the spec did not change"
+    );
+
+    // Both steps are visible to `kubectl describe`.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    let notes: Vec<(String, String)> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("theirs"))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect();
+    for (reason, says) in [
+        ("AdoptedRayCluster", "kept as it is"),
+        ("ReleasedKubeRayFinalizer", "ray.io/rayservice-finalizer"),
+    ] {
+        assert!(
+            notes.iter().any(|(r, n)| r == reason && n.contains(says)),
+            "{reason}: {notes:?}"
+        );
+    }
 }

@@ -160,8 +160,9 @@ async fn verdicts_warnings_and_patches_over_tls() {
         "{warnings:?}"
     );
 
-    // UPDATE that breaks a rule is denied; managedBy is immutable.
-    let old = fixture("allowed-incremental");
+    // UPDATE that breaks a rule is denied; managedBy is immutable once set.
+    let mut old = fixture("allowed-incremental");
+    old["spec"]["managedBy"] = json!("rayshift.io/controller");
     let mut new = old.clone();
     new["spec"]["managedBy"] = json!("ray.io/kuberay-operator");
     let resp = s

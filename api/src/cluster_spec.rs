@@ -57,6 +57,29 @@ impl SpecDigests {
     }
 }
 
+/// Taking over a cluster that rayshift did not build (KubeRay's, at a handover): it carries KubeRay's hash,
+/// not rayshift's digests, so its digests are read from its own spec, as if rayshift had built it. The
+/// lifecycle then treats it like any other cluster: same spec, kept as it is; only worker groups appended,
+/// updated in place; anything else, upgraded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adoption {
+    pub digests: SpecDigests,
+    pub worker_groups: usize,
+    /// It already runs the goal's spec (replica counts aside): no new cluster is needed.
+    pub matches_goal: bool,
+}
+
+impl Adoption {
+    pub fn of(cluster: &RayClusterSpec, goal: &SpecDigests) -> Self {
+        let digests = SpecDigests::of(cluster);
+        Self {
+            matches_goal: digests.spec == goal.spec,
+            worker_groups: cluster.worker_group_specs.as_ref().map_or(0, Vec::len),
+            digests,
+        }
+    }
+}
+
 fn truncated(spec: &Value, groups: usize) -> Value {
     let mut spec = spec.clone();
     if let Some(list) = spec.get_mut("workerGroupSpecs").and_then(Value::as_array_mut) {
@@ -158,6 +181,34 @@ mod tests {
         let mut v = base();
         v["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = json!("ray:2");
         assert_ne!(a.spec, SpecDigests::of(&spec(v)).spec);
+    }
+
+    #[test]
+    fn a_cluster_kuberay_built_from_the_same_config_is_adopted_as_it_is() {
+        let goal = SpecDigests::of(&spec(base()));
+        // KubeRay copies rayClusterConfig, drops a pending cluster's replicas, and the autoscaler moves them.
+        let mut built = base();
+        built["workerGroupSpecs"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("replicas");
+        let adopted = Adoption::of(&spec(built.clone()), &goal);
+        assert!(adopted.matches_goal);
+        assert_eq!(
+            (adopted.digests.spec, adopted.worker_groups),
+            (goal.spec.clone(), 1)
+        );
+
+        built["workerGroupSpecs"][0]["maxReplicas"] = json!(2);
+        let adopted = Adoption::of(&spec(built.clone()), &goal);
+        assert!(
+            adopted.matches_goal,
+            "min/max differ: applied in place, no new cluster"
+        );
+        assert_ne!(adopted.digests.scale, goal.scale);
+
+        built["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = json!("ray:0");
+        assert!(!Adoption::of(&spec(built), &goal).matches_goal);
     }
 
     #[test]

@@ -21,6 +21,8 @@ use crate::{
 pub const RAYSHIFT_MANAGER: &str = "rayshift.io/controller";
 pub const KUBERAY_MANAGER: &str = "ray.io/kuberay-operator";
 pub const MULTIKUEUE_MANAGER: &str = "kueue.x-k8s.io/multikueue";
+/// The finalizer KubeRay (v1.6.2+) puts on the RayServices it runs.
+pub const KUBERAY_FINALIZER: &str = "ray.io/rayservice-finalizer";
 /// Default `rayClusterDeletionDelaySeconds`.
 pub const DEFAULT_DELETION_DELAY_SECONDS: i32 = 60;
 /// Built-in default of `clusterUpgradeOptions.maxSurgePercent` (KubeRay's CRD default).

@@ -26,17 +26,47 @@ fn config() -> ValidationConfig {
 }
 
 #[test]
-fn managed_by_is_immutable() {
-    let old = base();
-    let mut new = base();
+fn managed_by_is_immutable_once_set() {
+    let mut old = base();
+    old["spec"]["managedBy"] = json!("rayshift.io/controller");
+    let mut new = old.clone();
     new["spec"]["managedBy"] = json!("ray.io/kuberay-operator");
     let v = review(&new, Some(&old), &config());
     assert!(!v.allowed());
     assert_eq!(v.errors[0].field, "spec.managedBy");
+    assert_eq!(v.errors[0].rule, "managed-by-immutable");
     assert!(v.errors[0].message.contains("immutable"));
     assert!(
         review(&new, Some(&new), &config()).allowed(),
         "unchanged managedBy is fine"
+    );
+}
+
+#[test]
+fn managed_by_set_or_removed_is_a_handover_with_a_warning() {
+    // As KubeRay's CEL transition rule: it only compares two values that are both set.
+    let unset = base();
+    let mut set = base();
+    set["spec"]["managedBy"] = json!("rayshift.io/controller");
+    for (old, new, who) in [
+        (&unset, &set, "rayshift.io/controller"),
+        (&set, &unset, "KubeRay"),
+    ] {
+        let v = review(new, Some(old), &config());
+        assert!(v.allowed(), "{:?}", v.errors);
+        let w = v.warnings.iter().find(|w| w.rule == "managed-by-handover");
+        assert!(
+            w.is_some_and(|w| w.field == "spec.managedBy" && w.message.contains(who)),
+            "{:?}",
+            v.warnings
+        );
+    }
+    assert!(
+        review(&set, None, &config())
+            .warnings
+            .iter()
+            .all(|w| w.rule != "managed-by-handover"),
+        "a new RayService hands nothing over"
     );
 }
 

@@ -8,6 +8,7 @@ use std::{
 };
 
 use jiff::{SignedDuration, Timestamp};
+use json_patch::{PatchOperation, ReplaceOperation, TestOperation};
 use k8s_openapi::{
     api::core::v1::{Pod, Service},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -20,9 +21,12 @@ use kube::{
         events::{Event, EventType, Recorder, Reporter},
     },
 };
+use rayshift_api::rayservice::KUBERAY_FINALIZER;
 use rayshift_api::{
     FeatureGates, RayCluster, RayService, UpgradeType,
-    cluster_spec::{NUM_WORKER_GROUPS_ANNOTATION, SCALE_HASH_ANNOTATION, SPEC_HASH_ANNOTATION, SpecDigests},
+    cluster_spec::{
+        Adoption, NUM_WORKER_GROUPS_ANNOTATION, SCALE_HASH_ANNOTATION, SPEC_HASH_ANNOTATION, SpecDigests,
+    },
     conditions::{self, Wanted, reason},
     lifecycle::{self, ClusterAction, ClusterFacts, DELETE_AFTER_ANNOTATION, Decision, Facts},
     rayservice::{AppStatus, ClusterServiceStatus, RayServiceStatuses, ServeDeploymentStatus},
@@ -202,6 +206,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     if !ctx.owns(&rs) {
         return Ok(Action::await_change());
     }
+    release_kuberay_finalizer(&rs, &ctx).await?;
     if rs.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove clusters and Services.
         let own = |(n, c): &(String, String)| n == &ns && c.starts_with(&format!("{}-", rs.name_any()));
@@ -264,7 +269,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
             },
         );
     }
-    adopt_kuberay_cluster(&rs, &ctx, &clusters_api, active_name.as_deref(), &goal, &mut seen).await?;
+    adopt_kuberay_clusters(&rs, &ctx, &clusters_api, &goal, &mut seen).await?;
 
     let facts = Facts {
         strategy: rs.spec.upgrade_type().unwrap_or(UpgradeType::NewCluster),
@@ -660,46 +665,81 @@ async fn serve_endpoints(client: &Client, ns: &str, cluster: &str) -> Result<i32
     Ok(i32::try_from(ready).unwrap_or(i32::MAX))
 }
 
-/// Taking over from KubeRay: if KubeRay had reconciled the current generation, its active cluster matches
-/// the current spec; record rayshift's digests on it instead of starting a needless upgrade.
-async fn adopt_kuberay_cluster(
+/// Taking over from KubeRay (a handover): each of the RayService's clusters that KubeRay built gets
+/// rayshift's digests of its own spec, so that the lifecycle keeps a cluster that already runs the current
+/// spec instead of starting a needless upgrade.
+async fn adopt_kuberay_clusters(
     rs: &RayService,
     ctx: &Context,
     api: &Api<RayCluster>,
-    active: Option<&str>,
     goal: &SpecDigests,
     seen: &mut BTreeMap<String, Seen>,
 ) -> Result<()> {
-    let Some(s) = active.and_then(|a| seen.get_mut(a)) else {
-        return Ok(());
-    };
-    let reconciled = rs.status.as_ref().and_then(|st| st.observed_generation) == rs.metadata.generation;
-    if s.cluster.annotations().contains_key(SPEC_HASH_ANNOTATION) || !reconciled {
+    for s in seen
+        .values_mut()
+        .filter(|s| !s.cluster.annotations().contains_key(SPEC_HASH_ANNOTATION))
+    {
+        let adoption = Adoption::of(&s.cluster.spec, goal);
+        let patch = json!({"metadata": {"annotations": {
+            SPEC_HASH_ANNOTATION: adoption.digests.spec, SCALE_HASH_ANNOTATION: adoption.digests.scale,
+            NUM_WORKER_GROUPS_ANNOTATION: adoption.worker_groups.to_string()}}});
+        ctx.metrics.api_write("RayCluster", "patch");
+        s.cluster = api
+            .patch(
+                &s.cluster.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        let outcome = if adoption.matches_goal {
+            "it runs the current spec and is kept as it is"
+        } else {
+            "its spec differs from the current one"
+        };
+        let note = format!(
+            "Adopted RayCluster {} (built by KubeRay): {outcome}",
+            s.cluster.name_any()
+        );
+        ctx.event(rs, EventType::Normal, "AdoptedRayCluster", "Reconcile", note)
+            .await;
+    }
+    Ok(())
+}
+
+/// KubeRay (v1.6.2+) puts its finalizer on the RayServices it runs and never removes it from one handed over
+/// to another controller; left there, the RayService could never be deleted. rayshift's owner references do
+/// that finalizer's work (the garbage collector removes the clusters).
+async fn release_kuberay_finalizer(rs: &RayService, ctx: &Context) -> Result<()> {
+    let finalizers = rs.finalizers();
+    if !finalizers.iter().any(|f| f == KUBERAY_FINALIZER) {
         return Ok(());
     }
-    let groups = rs.spec.ray_cluster_config.worker_groups().len().to_string();
-    let patch = json!({"metadata": {"annotations": {
-        SPEC_HASH_ANNOTATION: goal.spec, SCALE_HASH_ANNOTATION: goal.scale, NUM_WORKER_GROUPS_ANNOTATION: groups}}});
-    ctx.metrics.api_write("RayCluster", "patch");
-    let adopted = api
-        .patch(
-            &s.cluster.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    let kept: Vec<&String> = finalizers.iter().filter(|f| *f != KUBERAY_FINALIZER).collect();
+    // `test` first: a finalizer added or removed meanwhile makes the patch fail instead of dropping it.
+    let path = || json_patch::jsonptr::PointerBuf::from_tokens(["metadata", "finalizers"]);
+    let patch = json_patch::Patch(vec![
+        PatchOperation::Test(TestOperation {
+            path: path(),
+            value: json!(finalizers),
+        }),
+        PatchOperation::Replace(ReplaceOperation {
+            path: path(),
+            value: json!(kept),
+        }),
+    ]);
+    let api: Api<RayService> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
+    ctx.metrics.api_write("RayService", "patch");
+    api.patch(&rs.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
         .await?;
+    let note = format!("Removed KubeRay's finalizer {KUBERAY_FINALIZER}: rayshift runs this RayService now");
     ctx.event(
         rs,
         EventType::Normal,
-        "AdoptedRayCluster",
+        "ReleasedKubeRayFinalizer",
         "Reconcile",
-        format!(
-            "Adopted RayCluster {} as matching the current spec",
-            adopted.name_any()
-        ),
+        note,
     )
     .await;
-    s.cluster = adopted;
     Ok(())
 }
 

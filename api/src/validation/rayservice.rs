@@ -281,8 +281,10 @@ pub(crate) fn go_duration_seconds(s: &str) -> Option<f64> {
     Some(sign * total)
 }
 
-/// The CRD's CEL rules on `spec.managedBy` (allowed values, immutable), also checked here so that
-/// `rayshift validate` and clusters whose CRD predates them (KubeRay 1.5) answer the same.
+/// The CRD's CEL rules on `spec.managedBy` (allowed values; `self == oldSelf`), also checked here so that
+/// `rayshift validate` and clusters whose CRD predates them (KubeRay 1.5) answer the same. Like the CEL
+/// transition rule, only a change between two values is denied: setting it on a RayService that had none is
+/// the handover from KubeRay to another controller, and removing it hands the RayService back.
 fn managed_by(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationConfig, v: &mut Verdict) {
     const FIELD: &str = "spec.managedBy";
     if let Some(value) = new.spec.managed_by.as_deref()
@@ -298,16 +300,28 @@ fn managed_by(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationConf
         );
         v.error(FieldError::invalid(FIELD, value, "managed-by-value", message));
     }
-    if let Some(old) = old
-        && old.spec.managed_by != new.spec.managed_by
-    {
-        let shown = new.spec.managed_by.clone().map_or(Value::Null, Value::String);
-        v.error(FieldError::invalid(
+    let Some(old) = old else { return };
+    match (old.spec.managed_by.as_deref(), new.spec.managed_by.as_deref()) {
+        (Some(before), Some(after)) if before != after => v.error(FieldError::invalid(
             FIELD,
-            shown,
+            after,
             "managed-by-immutable",
             "the managedBy field is immutable",
-        ));
+        )),
+        (None, Some(after)) => v.warn(
+            FIELD,
+            "managed-by-handover",
+            format!(
+                "handing this RayService over to '{after}': KubeRay's RayService controller stops reconciling it; \
+                 its running clusters are kept, and a cluster whose spec matches the current one is not rebuilt"
+            ),
+        ),
+        (Some(before), None) => v.warn(
+            FIELD,
+            "managed-by-handover",
+            format!("'{before}' no longer manages this RayService: KubeRay's RayService controller takes it back"),
+        ),
+        _ => {}
     }
 }
 
