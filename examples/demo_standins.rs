@@ -1,7 +1,7 @@
 //! The stand-ins of the demo (`scripts/demo.sh`), the same ones the tests use: a fake Ray dashboard with
-//! the real Serve API's shapes, test code playing KubeRay's RayCluster controller, and a Gateway
-//! controller that accepts Gateways and HTTPRoutes. Prints the dashboard URL template, then runs until
-//! killed.
+//! the real Serve API's shapes (the Pods kwok runs have no Ray in them) and a Gateway controller that
+//! accepts Gateways and HTTPRoutes (Traefik comes with the Gateway issue). KubeRay's RayCluster controller
+//! is the real one. Prints the dashboard URL template, then runs until killed.
 //!
 //!   cargo run --example demo_standins -- KUBECONFIG NAMESPACE
 
@@ -12,10 +12,6 @@
 mod dashboard;
 #[path = "../tests/support/gateway.rs"]
 mod gateway;
-#[path = "../tests/support/kuberay.rs"]
-mod kuberay;
-#[path = "../tests/support/local_routes.rs"]
-mod local_routes;
 
 use kube::{
     Client, Config,
@@ -36,7 +32,6 @@ async fn main() {
         .expect("kubeconfig");
     let client = Client::try_from(config).expect("client");
     let dash = dashboard::FakeDashboard::start().await;
-    let _kuberay = kuberay::KubeRayStandIn::start(client.clone(), ns);
     let _gateway = gateway::GatewayStandIn::start(client, ns);
     println!("{}", dash.url_template());
     std::future::pending::<()>().await;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one-command demo: a real kube-apiserver, rayshift (webhook registered, controller running), a sample
 # incremental RayService, then an upgrade with live progress until promotion; everything is torn down at the
-# end. KubeRay's and Gateway API's CRDs are the released ones; KubeRay's RayCluster controller, Ray and the Gateway
-# controller are played by the test stand-ins.
+# end. KubeRay's and Gateway API's CRDs are the released ones, and the real KubeRay operator (built from its Go
+# module) runs the RayClusters, with kube-scheduler and kwok running their Pods on a fake node; Ray Serve's
+# dashboard and the Gateway controller are played by the test stand-ins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift/target/$(rustc -V | tr -c 'A-Za-z0-9.\n-' '_')}"
@@ -11,14 +12,15 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  bash tests/env/kuberay.sh stop "$work/kuberay" >/dev/null 2>&1 || true
   bash tests/env/control-plane.sh stop "$work/cp" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
-fail() { echo "demo failed: $*" >&2; tail -n 15 "$work/rayshift.log" "$work/standins.log" >&2 2>/dev/null; exit 1; }
+fail() { echo "demo failed: $*" >&2; tail -n 15 "$work/rayshift.log" "$work/standins.log" "$work/kuberay/kuberay.log" >&2 2>/dev/null; exit 1; }
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-# Made-up Pod addresses of the stand-ins must fail locally, never leave the machine.
+# kwok's made-up Pod addresses must fail locally, never leave the machine.
 bash tests/env/local-routes.sh ensure
 
 say "building rayshift"
@@ -40,6 +42,9 @@ for f in $(bash tests/env/upstream.sh crds gateway-api); do k apply --server-sid
 k wait --for=condition=Established crd --all --timeout=60s >/dev/null
 k create namespace demo >/dev/null
 
+say "starting the real KubeRay operator ($(bash tests/env/upstream.sh versions | cut -d, -f1)), kube-scheduler and kwok (built once from Go modules)"
+bash tests/env/kuberay.sh start "$work/kuberay" "$KUBECONFIG" || fail "KubeRay did not start"
+
 say "starting rayshift run (webhook + controller) and registering the webhook"
 "$bin/rayshift" certs generate --service rayshift --namespace rayshift-system --ip 127.0.0.1 --out "$work/certs" 2>/dev/null
 "$bin/examples/demo_standins" "$KUBECONFIG" demo >"$work/standins.out" 2>"$work/standins.log" &
@@ -49,7 +54,7 @@ template=$(head -n1 "$work/standins.out")
 "$bin/rayshift" run --mode=reconcile --kubeconfig "$KUBECONFIG" --namespace demo --feature-gates=RayServiceIncrementalUpgrade=true \
   --webhook-addr 127.0.0.1:19443 --metrics-addr 127.0.0.1:18080 \
   --tls-cert-file "$work/certs/tls.crt" --tls-key-file "$work/certs/tls.key" \
-  --dashboard-url-template "$template" --serve-poll-interval-seconds 0.5 --log-level info,kube=warn,kube_client=error \
+  --dashboard-url-template "$template" --serve-health-url-template "$template/-/healthz" --serve-poll-interval-seconds 0.5 --log-level info,kube=warn,kube_client=error \
   --log-format plain 2>"$work/rayshift.log" &
 # (on failure: see $work/rayshift.log)
 pids+=($!)
@@ -68,6 +73,9 @@ sed 's/intervalSeconds: 10/intervalSeconds: 1/' manifests/samples/rayservice-see
   | k apply -n demo -f - 2>&1 | sed 's/^/  /'
 k wait -n demo --for=condition=Ready rayservice/rayservice-incremental-upgrade --timeout=60s >/dev/null || { k get rayservice -n demo -o yaml | tail -40; fail "the sample did not become Ready"; }
 echo "  Ready: $(k get rayservice -n demo rayservice-incremental-upgrade -o jsonpath='{.status.activeServiceStatus.rayClusterName}') serves 100%"
+echo "  its head Pod, created by KubeRay's RayCluster controller and run by kwok:"
+k get pods -n demo -l ray.io/node-type=head -o custom-columns=POD:.metadata.name,NODE:.spec.nodeName,IP:.status.podIP,PHASE:.status.phase \
+  | sed 's/^/    /'
 
 say "upgrading (new image); live progress from the RayService status"
 k patch rayservice -n demo rayservice-incremental-upgrade --type=json \
