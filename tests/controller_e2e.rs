@@ -1,5 +1,8 @@
-//! The controller end to end on a real kube-apiserver: a fake Ray dashboard with the real API's shapes,
-//! test code playing KubeRay's RayCluster controller, the real `rayshift controller` process.
+//! The controller end to end on a real kube-apiserver: the real KubeRay operator running the RayClusters
+//! (kube-scheduler and kwok running their Pods), a fake Ray dashboard with the real API's shapes (kwok's Pods
+//! run no Ray), the real `rayshift controller` process.
+//!
+//! Two tests keep test code in KubeRay's place, each for a reason given there.
 
 mod support;
 
@@ -16,7 +19,7 @@ use kube::{
 use rayshift_api::{RayCluster, RayService};
 use serde_json::{Value, json};
 use support::{
-    cluster::{ControlPlane, control_plane},
+    cluster::{ControlPlane, control_plane, control_plane_with_kuberay},
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     kuberay::KubeRayStandIn,
@@ -28,8 +31,19 @@ struct Env {
     client: Client,
     ns: String,
     dashboard: FakeDashboard,
-    kuberay: KubeRayStandIn,
+    /// `None`: the real KubeRay operator runs the clusters.
+    kuberay: Option<KubeRayStandIn>,
     controller: ControllerProcess,
+}
+
+/// Who runs the RayClusters.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Clusters {
+    /// The real KubeRay operator (its RayCluster controller), with kube-scheduler and kwok.
+    KubeRay,
+    /// Test code, for a state the real operator cannot produce quickly. On a control plane of its own, where
+    /// KubeRay does not run.
+    StandIn,
 }
 
 /// Test code creates these before the controller starts (a RayService KubeRay used to manage).
@@ -41,7 +55,7 @@ impl Env {
     }
 
     async fn with(prefix: &str, setup: impl FnOnce(&FakeDashboard), extra: &[&str]) -> Self {
-        Self::full(prefix, setup, extra, None).await
+        Self::full(prefix, setup, extra, None, Clusters::KubeRay).await
     }
 
     async fn full(
@@ -49,8 +63,12 @@ impl Env {
         setup: impl FnOnce(&FakeDashboard),
         extra: &[&str],
         before: Option<Before>,
+        clusters: Clusters,
     ) -> Self {
-        let cp = control_plane();
+        let cp = match clusters {
+            Clusters::KubeRay => control_plane_with_kuberay(),
+            Clusters::StandIn => control_plane(),
+        };
         let client = cp.client().await;
         assert!(cp.crds_established(&client).await);
         let ns = cp.namespace(&client, prefix).await;
@@ -59,7 +77,7 @@ impl Env {
         if let Some(before) = before {
             before(client.clone(), ns.clone()).await;
         }
-        let kuberay = KubeRayStandIn::start(client.clone(), &ns);
+        let kuberay = (clusters == Clusters::StandIn).then(|| KubeRayStandIn::start(client.clone(), &ns));
         let controller = ControllerProcess::start(cp, &ns, &dashboard.url_template(), extra);
         Env {
             cp,
@@ -103,8 +121,9 @@ impl Env {
     {
         support::wait::eventually(what, secs, Duration::from_millis(100), check, || async {
             format!(
-                "--- controller logs (last 25 lines) ---\n{}",
-                support::wait::tail(&self.controller.logs(), 25)
+                "--- controller logs (last 25 lines) ---\n{}\n--- KubeRay ---\n{}",
+                support::wait::tail(&self.controller.logs(), 25),
+                self.cp.kuberay_log(15)
             )
         })
         .await
@@ -312,7 +331,11 @@ async fn the_head_serves_only_while_its_serve_proxy_is_healthy() {
     let rs = env.ready("llm").await;
     let cluster = active(&rs).unwrap();
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
-    let head = format!("{cluster}-head");
+    let heads = pods
+        .list(&ListParams::default().labels(&format!("ray.io/cluster={cluster},ray.io/node-type=head")))
+        .await
+        .unwrap();
+    let head = heads.items[0].name_any();
     let label = |want: &'static str| {
         let pods = pods.clone();
         let head = head.clone();
@@ -386,7 +409,9 @@ async fn none_strategy_updates_the_cluster_in_place() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rayservice_managed_by_another_controller_is_left_alone() {
-    let env = Env::new("foreign").await;
+    // Test code in KubeRay's place: with nothing else reconciling it, any status or cluster would be rayshift's.
+    // (With the real operator reconciling it instead: tests/kuberay_operator_e2e.rs.)
+    let env = Env::full("foreign", |_| {}, &[], None, Clusters::StandIn).await;
     let mut rs = rayservice("kuberays", None, "ray:1");
     rs["spec"]["managedBy"] = json!("ray.io/kuberay-operator");
     env.create(rs).await;
@@ -438,8 +463,11 @@ async fn dashboard_down_is_a_condition_and_an_event_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_pod_whose_ray_container_died_is_not_healthy() {
-    let env = Env::new("deadray").await;
-    env.kuberay
+    // Test code in KubeRay's place: kwok runs every container of a Pod alike, so a Running head Pod whose Ray
+    // container terminated (a sidecar keeps the Pod Running) is a state only the stand-in produces at will.
+    let env = Env::full("deadray", |_| {}, &[], None, Clusters::StandIn).await;
+    let kuberay = env.kuberay.as_ref().unwrap();
+    kuberay
         .all_heads_broken
         .store(true, std::sync::atomic::Ordering::Relaxed);
     env.create(rayservice("llm", None, "ray:1")).await;
@@ -460,7 +488,7 @@ async fn a_running_pod_whose_ray_container_died_is_not_healthy() {
         env.dashboard.get(&env.ns, &cluster).puts.is_empty(),
         "no dashboard call before the Ray container is up"
     );
-    env.kuberay
+    kuberay
         .all_heads_broken
         .store(false, std::sync::atomic::Ordering::Relaxed);
     env.ready("llm").await;
@@ -570,7 +598,7 @@ async fn taking_over_from_kuberay_starts_no_upgrade() {
                 .unwrap();
         })
     });
-    let env = Env::full("adopt", |_| {}, &[], Some(before)).await;
+    let env = Env::full("adopt", |_| {}, &[], Some(before), Clusters::KubeRay).await;
     env.eventually("the KubeRay cluster adopted", 30, || async {
         let c = env.clusters().get("llm-kuber").await.unwrap();
         c.annotations()

@@ -13,7 +13,7 @@
 
 mod support;
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use kube::{
     Api, ResourceExt,
@@ -22,7 +22,7 @@ use kube::{
 use rayshift_api::{RayCluster, RayService};
 use serde_json::{Value, json};
 use support::{
-    cluster::{ControlPlane, Crds, repo},
+    cluster::{ControlPlane, Crds},
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     gateway::GatewayStandIn,
@@ -32,15 +32,6 @@ use support::{
 };
 
 const GATE: &str = "--feature-gates=RayServiceIncrementalUpgrade=true";
-
-fn kuberay_sh(args: &[&str]) -> std::process::Output {
-    Command::new("bash")
-        .arg(repo().join("tests/env/kuberay.sh"))
-        .args(args)
-        .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
-        .output()
-        .expect("run tests/env/kuberay.sh")
-}
 
 fn rayservice(name: &str, managed_by: Option<&str>, image: &str) -> RayService {
     let mut spec = json!({
@@ -78,18 +69,9 @@ fn managers(meta: &kube::api::ObjectMeta) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
-    let cp = ControlPlane::start().with_crds(&[Crds::KubeRayForRayshift, Crds::GatewayApi]);
-    let dir = tempfile::tempdir().unwrap();
-    let started = kuberay_sh(&[
-        "start",
-        &dir.path().to_string_lossy(),
-        &cp.kubeconfig.to_string_lossy(),
-    ]);
-    assert!(
-        started.status.success(),
-        "KubeRay and kwok did not start: {}",
-        String::from_utf8_lossy(&started.stderr)
-    );
+    let cp = ControlPlane::start()
+        .with_crds(&[Crds::KubeRayForRayshift, Crds::GatewayApi])
+        .with_kuberay();
     let client = cp.client().await;
     let ns = cp.namespace(&client, "kuberay").await;
     let webhook = AdmissionWebhook::register(&cp, &client, &ns, &[GATE]).await;
@@ -99,12 +81,11 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
     let services: Api<RayService> = Api::namespaced(client.clone(), &ns);
     let clusters: Api<RayCluster> = Api::namespaced(client.clone(), &ns);
     let logs = |what: &'static str| {
-        let (dir, controller) = (dir.path().to_path_buf(), &controller);
+        let (cp, controller) = (&cp, &controller);
         move || async move {
-            let kuberay = std::fs::read_to_string(dir.join("kuberay.log")).unwrap_or_default();
             format!(
                 "{what}\n--- KubeRay ---\n{}\n--- rayshift ---\n{}",
-                support::wait::tail(&kuberay, 30),
+                cp.kuberay_log(30),
                 support::wait::tail(&controller.logs(), 30)
             )
         }
@@ -328,8 +309,6 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
     .await;
 
     drop(controller);
-    let stopped = kuberay_sh(&["stop", &dir.path().to_string_lossy()]);
-    assert!(stopped.status.success());
     cp.stop();
 }
 

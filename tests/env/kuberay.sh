@@ -107,6 +107,9 @@ start() {
   # Pods of a node that sends no kubelet heartbeats), lift the taint once kwok reports the node Ready.
   "${k[@]}" wait --for=condition=Ready node/kwok-node-0 --timeout=60s >/dev/null
   "${k[@]}" taint node kwok-node-0 node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
+  # GPU nodes run an "nvidia" RuntimeClass; without the object the apiserver rejects Pods that name it.
+  printf 'apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: nvidia}\nhandler: nvidia\n' \
+    | "${k[@]}" apply -f - >/dev/null
   "$BIN/ray-operator" --kubeconfig "$kubeconfig" --metrics-addr 0 --health-probe-bind-address 0 \
     --enable-leader-election=false --log-stdout-encoder console "${KUBERAY_ARGS[@]}" >"$dir/kuberay.log" 2>&1 &
   echo $! >>"$dir/pids"

@@ -40,6 +40,7 @@ pub struct ControlPlane {
 static SHARED: OnceLock<ControlPlane> = OnceLock::new();
 static BESIDE_RAY: OnceLock<ControlPlane> = OnceLock::new();
 static WITHOUT_GATEWAY: OnceLock<ControlPlane> = OnceLock::new();
+static WITH_KUBERAY: OnceLock<ControlPlane> = OnceLock::new();
 
 /// Upstream CRDs, exactly as released (tests/env/upstream.sh reads them from their Go modules).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +61,16 @@ pub fn control_plane_without_gateway_api() -> &'static ControlPlane {
 /// The control plane of this test binary, started (and given the CRDs) on first use.
 pub fn control_plane() -> &'static ControlPlane {
     SHARED.get_or_init(|| ControlPlane::start().with_crds(&[Crds::KubeRayForRayshift, Crds::GatewayApi]))
+}
+
+/// Like `control_plane()`, with the real KubeRay operator running every RayCluster (its head and worker Pods,
+/// Services and status), kube-scheduler binding those Pods to a kwok fake node and kwok running them.
+pub fn control_plane_with_kuberay() -> &'static ControlPlane {
+    WITH_KUBERAY.get_or_init(|| {
+        ControlPlane::start()
+            .with_crds(&[Crds::KubeRayForRayshift, Crds::GatewayApi])
+            .with_kuberay()
+    })
 }
 
 /// Like `control_plane()`, for tests whose real Ray heads share these cores: the control plane runs at nice 19 so
@@ -169,6 +180,35 @@ impl ControlPlane {
         self
     }
 
+    /// Starts the real KubeRay operator, kube-scheduler and kwok against it (tests/env/kuberay.sh); they stop
+    /// with the control plane, or when this process exits.
+    pub fn with_kuberay(self) -> Self {
+        let out = Command::new("bash")
+            .arg(repo().join("tests/env/kuberay.sh"))
+            .arg("start")
+            .arg(self.kuberay_dir())
+            .arg(&self.kubeconfig)
+            .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
+            .output()
+            .expect("run tests/env/kuberay.sh");
+        assert!(
+            out.status.success(),
+            "KubeRay and kwok did not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self
+    }
+
+    fn kuberay_dir(&self) -> PathBuf {
+        self.dir.join("kuberay")
+    }
+
+    /// The last lines of the KubeRay operator's log (empty without it).
+    pub fn kuberay_log(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.kuberay_dir().join("kuberay.log")).unwrap_or_default();
+        super::wait::tail(&log, lines)
+    }
+
     /// Runs kubectl with `input` on stdin; panics on failure.
     pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
         use std::io::Write as _;
@@ -237,6 +277,13 @@ impl ControlPlane {
     /// Stops it now and waits until its processes are gone.
     pub fn stop(&self) {
         let pids = self.pids();
+        let kuberay = Command::new("bash")
+            .arg(repo().join("tests/env/kuberay.sh"))
+            .arg("stop")
+            .arg(self.kuberay_dir())
+            .status()
+            .unwrap();
+        assert!(kuberay.success());
         let status = Command::new("bash")
             .arg(script())
             .arg("stop")
@@ -249,10 +296,11 @@ impl ControlPlane {
         }
     }
 
+    /// Its processes, KubeRay's and kwok's included.
     pub fn pids(&self) -> Vec<u32> {
-        std::fs::read_to_string(self.dir.join("pids"))
-            .unwrap_or_default()
-            .lines()
+        [self.dir.join("pids"), self.kuberay_dir().join("pids")]
+            .iter()
+            .flat_map(|f| std::fs::read_to_string(f).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>())
             .filter_map(|l| l.trim().parse().ok())
             .collect()
     }
