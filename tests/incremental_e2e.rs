@@ -1,5 +1,6 @@
-//! NewClusterWithIncrementalUpgrade end to end: real kube-apiserver with Gateway API CRDs, fake Ray
-//! dashboard, test code as KubeRay and as the Gateway controller, the real controller process. An observer
+//! NewClusterWithIncrementalUpgrade end to end: real kube-apiserver with Gateway API CRDs, the real KubeRay
+//! operator running the RayClusters (kube-scheduler and kwok running their Pods), fake Ray dashboard (kwok's
+//! Pods run no Ray), test code as the Gateway controller, the real controller process. An observer
 //! checks the invariants on every version of the RayService, HTTPRoute and RayClusters it sees.
 
 mod support;
@@ -16,11 +17,10 @@ use kube::{
 use rayshift_api::{RayCluster, RayService};
 use serde_json::{Value, json};
 use support::{
-    cluster::{ControlPlane, control_plane},
+    cluster::{ControlPlane, control_plane_with_kuberay},
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     gateway::GatewayStandIn,
-    kuberay::KubeRayStandIn,
     observer::Observer,
     status::{active, condition, pending},
 };
@@ -30,7 +30,6 @@ struct Env {
     client: Client,
     ns: String,
     dashboard: FakeDashboard,
-    _kuberay: KubeRayStandIn,
     _gateway: GatewayStandIn,
     controller: Option<ControllerProcess>,
 }
@@ -39,19 +38,17 @@ const GATE: &str = "--feature-gates=RayServiceIncrementalUpgrade=true";
 
 impl Env {
     async fn new(prefix: &str) -> Self {
-        let cp = control_plane();
+        let cp = control_plane_with_kuberay();
         let client = cp.client().await;
         assert!(cp.crds_established(&client).await);
         let ns = cp.namespace(&client, prefix).await;
         let dashboard = FakeDashboard::start().await;
-        let kuberay = KubeRayStandIn::start(client.clone(), &ns);
         let gateway = GatewayStandIn::start(client.clone(), &ns);
         let mut env = Env {
             cp,
             client,
             ns,
             dashboard,
-            _kuberay: kuberay,
             _gateway: gateway,
             controller: None,
         };
@@ -92,8 +89,9 @@ impl Env {
             let logs = self.controller.as_ref().map(|c| c.logs()).unwrap_or_default();
             let status = serde_json::to_string_pretty(&self.get().await.status).unwrap();
             format!(
-                "status: {status}\n--- controller logs ---\n{}",
-                support::wait::tail(&logs, 30)
+                "status: {status}\n--- controller logs ---\n{}\n--- KubeRay ---\n{}",
+                support::wait::tail(&logs, 30),
+                self.cp.kuberay_log(15)
             )
         })
         .await
