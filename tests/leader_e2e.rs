@@ -1,5 +1,5 @@
 //! Two controller processes with leader election on the real apiserver: one writer at a time, and the
-//! other takes over within 15 s after the leader is killed.
+//! other takes over within 15 s after the leader is killed. The real KubeRay operator runs the clusters.
 
 mod support;
 
@@ -11,9 +11,7 @@ use kube::{
 };
 use rayshift_api::RayService;
 use serde_json::json;
-use support::{
-    cluster::control_plane, controller::ControllerProcess, dashboard::FakeDashboard, kuberay::KubeRayStandIn,
-};
+use support::{cluster::control_plane_with_kuberay, controller::ControllerProcess, dashboard::FakeDashboard};
 
 fn leader(c: &ControllerProcess) -> bool {
     support::webhook::metric(&c.metrics(), "rayshift_controller_leader") == 1.0
@@ -21,12 +19,11 @@ fn leader(c: &ControllerProcess) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
-    let cp = control_plane();
+    let cp = control_plane_with_kuberay();
     let client = cp.client().await;
     assert!(cp.crds_established(&client).await);
     let ns = cp.namespace(&client, "leader").await;
     let dashboard = FakeDashboard::start().await;
-    let _kuberay = KubeRayStandIn::start(client.clone(), &ns);
     let args = [
         "--leader-elect",
         "--leader-election-namespace",

@@ -11,11 +11,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use rayshift_api::RayService;
 use serde_json::json;
 use support::{
-    cluster::{control_plane, repo},
+    cluster::{control_plane_with_kuberay, repo},
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     gateway::GatewayStandIn,
-    kuberay::KubeRayStandIn,
 };
 
 /// rayshift-system, created once for both tests (two concurrent applies would race to create it).
@@ -32,7 +31,7 @@ fn system_namespace(cp: &support::cluster::ControlPlane) {
 
 #[test]
 fn kustomization_passes_a_server_side_dry_run() {
-    let cp = control_plane();
+    let cp = control_plane_with_kuberay();
     let overlay = repo().join("manifests/overlays/no-cert-manager");
     // Namespaced objects need their namespace to exist, even in a dry run.
     system_namespace(cp);
@@ -77,7 +76,7 @@ fn kustomization_passes_a_server_side_dry_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_needs_nothing_beyond_its_cluster_role() {
-    let cp = control_plane();
+    let cp = control_plane_with_kuberay();
     system_namespace(cp);
     cp.kubectl(&[
         "apply",
@@ -98,7 +97,6 @@ async fn the_controller_needs_nothing_beyond_its_cluster_role() {
     assert!(cp.crds_established(&client).await);
     let ns = cp.namespace(&client, "rbac").await;
     let dashboard = FakeDashboard::start().await;
-    let _kuberay = KubeRayStandIn::start(client.clone(), &ns);
     let _gateway = GatewayStandIn::start(client.clone(), &ns);
     let controller = ControllerProcess::start_as(
         &restricted,

@@ -14,7 +14,6 @@ use rayshift_api::{RayCluster, RayService};
 use serde_json::{Value, json};
 use support::{
     cluster::control_plane_without_gateway_api, controller::ControllerProcess, dashboard::FakeDashboard,
-    kuberay::KubeRayStandIn,
 };
 
 fn rayservice(name: &str, incremental: bool) -> Value {
@@ -71,7 +70,6 @@ async fn blue_green_works_and_incremental_reports_the_missing_gateway_api() {
     let client = cp.client().await;
     let ns = cp.namespace(&client, "nogw").await;
     let dashboard = FakeDashboard::start().await;
-    let _kuberay = KubeRayStandIn::start(client.clone(), &ns);
     let mut controller = ControllerProcess::start(
         cp,
         &ns,
@@ -119,7 +117,6 @@ async fn with_the_gate_off_the_controller_refuses_incremental_with_a_condition()
     let client = cp.client().await;
     let ns = cp.namespace(&client, "gateoff").await;
     let dashboard = FakeDashboard::start().await;
-    let _kuberay = KubeRayStandIn::start(client.clone(), &ns);
     let controller = ControllerProcess::start(cp, &ns, &dashboard.url_template(), &[]);
     let api: Api<RayService> = Api::namespaced(client.clone(), &ns);
     let rs: RayService = serde_json::from_value(rayservice("incremental", true)).unwrap();

@@ -53,9 +53,14 @@ pub enum Crds {
     GatewayApi,
 }
 
-/// A control plane of this test binary with KubeRay's CRDs (reconcile component applied) but no Gateway API.
+/// A control plane of this test binary with KubeRay's CRDs (reconcile component applied) but no Gateway API,
+/// and the real KubeRay operator running the RayClusters.
 pub fn control_plane_without_gateway_api() -> &'static ControlPlane {
-    WITHOUT_GATEWAY.get_or_init(|| ControlPlane::start().with_crds(&[Crds::KubeRayForRayshift]))
+    WITHOUT_GATEWAY.get_or_init(|| {
+        ControlPlane::start()
+            .with_crds(&[Crds::KubeRayForRayshift])
+            .with_kuberay()
+    })
 }
 
 /// The control plane of this test binary, started (and given the CRDs) on first use.
@@ -300,7 +305,13 @@ impl ControlPlane {
     pub fn pids(&self) -> Vec<u32> {
         [self.dir.join("pids"), self.kuberay_dir().join("pids")]
             .iter()
-            .flat_map(|f| std::fs::read_to_string(f).unwrap_or_default().lines().map(str::to_string).collect::<Vec<_>>())
+            .flat_map(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
             .filter_map(|l| l.trim().parse().ok())
             .collect()
     }
