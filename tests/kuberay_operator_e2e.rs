@@ -249,6 +249,27 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
         logs("theirs is not observed"),
     )
     .await;
+    // ... with its progress as events, from the status KubeRay writes (KubeRay made a pending cluster for it).
+    eventually(
+        "theirs' progress in rayshift's events",
+        30,
+        Duration::from_millis(250),
+        || async {
+            let events = cp.kubectl(&["get", "events.events.k8s.io", "-n", &ns, "-o", "json"]);
+            let events: Value = serde_json::from_str(&events).ok()?;
+            events["items"]
+                .as_array()?
+                .iter()
+                .any(|e| {
+                    e["regarding"]["name"] == "theirs"
+                        && e["reason"] == "ObservedPendingCluster"
+                        && e["reportingController"] == "rayshift"
+                })
+                .then_some(())
+        },
+        logs("theirs' progress is not in events"),
+    )
+    .await;
     // ... and admitted by rayshift's webhook like any other.
     let mut bad = rayservice("theirs-bad", None, "rayproject/ray:2.46.0");
     bad.spec.serve_config_v2 = Some("applications: [{name: a}]".into());

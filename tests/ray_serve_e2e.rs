@@ -2,8 +2,9 @@
 //! (one per RayCluster, each in its own network namespace), a real nginx that follows the HTTPRoute, and
 //! 50 requests per second through it during an incremental upgrade and during a rollback.
 //!
-//! Test code plays KubeRay (RayCluster status and Pods) and the Gateway controller (HTTPRoute -> nginx).
-//! Everything Ray says is real: the controller's dashboard calls reach the real dashboards, and an
+//! The real KubeRay operator runs the RayClusters (head Pods, Services, status); kwok runs the Pods on a fake
+//! node, and each head Pod's IP is taken by the real Ray head of its cluster. Test code plays the Gateway
+//! controller (HTTPRoute -> nginx). Everything Ray says is real: the controller's dashboard calls reach the real dashboards, and an
 //! independent sampler reads what Serve really runs.
 
 mod support;

@@ -10,6 +10,7 @@ pub mod documents;
 pub mod error;
 pub mod feature_gates;
 pub mod lifecycle;
+pub mod observed;
 pub mod quantity;
 pub mod raycluster;
 pub mod rayservice;

@@ -21,7 +21,6 @@ use kube::{
         events::{Event, EventType, Recorder, Reporter},
     },
 };
-use rayshift_api::rayservice::KUBERAY_FINALIZER;
 use rayshift_api::{
     FeatureGates, RayCluster, RayService, UpgradeType,
     cluster_spec::{
@@ -31,6 +30,10 @@ use rayshift_api::{
     lifecycle::{self, ClusterAction, ClusterFacts, DELETE_AFTER_ANNOTATION, Decision, Facts},
     rayservice::{AppStatus, ClusterServiceStatus, RayServiceStatuses, ServeDeploymentStatus},
     validation::{self, ValidationConfig},
+};
+use rayshift_api::{
+    observed::{self, Levels},
+    rayservice::KUBERAY_FINALIZER,
 };
 use serde_json::{Value, json};
 
@@ -106,6 +109,9 @@ pub struct Context {
     /// Failed Serve proxy health checks in a row, per cluster's head (namespace, cluster); pruned with
     /// `serve_cache`.
     pub proxy_failures: Mutex<HashMap<(String, String), u32>>,
+    /// Last levels seen of each RayService someone else runs (by uid), to tell what changed.
+    observed: Mutex<HashMap<String, Levels>>,
+    started: Timestamp,
 }
 
 impl Context {
@@ -123,6 +129,8 @@ impl Context {
             serve_cache: Mutex::new(HashMap::new()),
             gateway_api: std::sync::atomic::AtomicBool::new(false),
             proxy_failures: Mutex::new(HashMap::new()),
+            observed: Mutex::new(HashMap::new()),
+            started: Timestamp::now(),
         }
     }
 
@@ -131,16 +139,35 @@ impl Context {
             && rs.spec.managed_by.as_deref() == Some(&self.options.managed_by)
     }
 
-    /// Metrics of a RayService someone else runs, from the status it writes.
-    fn observe(&self, rs: &RayService) {
+    /// Metrics and events of a RayService someone else runs, from the status it writes.
+    async fn observe(&self, rs: &RayService) {
         let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
+        let uid = rs.uid().unwrap_or_default();
         if rs.meta().deletion_timestamp.is_some() {
             self.metrics.forget_service(&ns, &name);
+            self.observed_levels().remove(&uid);
             return;
         }
         let status = rs.status.clone().unwrap_or_default();
         let view = service_view(rs, &status, Timestamp::now());
         self.metrics.observe_service(&ns, &name, &status, &view);
+        let now = Levels::of(&status);
+        // A RayService older than this controller is told from its first change on (a restarted controller
+        // does not repeat what happened before it); a newer one from its creation.
+        let created = rs.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second());
+        let newer = created.is_some_and(|c| c >= self.started.as_second());
+        let before = self
+            .observed_levels()
+            .insert(uid, now.clone())
+            .or_else(|| newer.then(Levels::default));
+        for change in before.map(|b| observed::changes(&b, &now)).unwrap_or_default() {
+            self.event(rs, EventType::Normal, change.reason(), "Observe", change.note())
+                .await;
+        }
+    }
+
+    fn observed_levels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Levels>> {
+        self.observed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u32>> {
@@ -190,9 +217,11 @@ struct Seen {
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
     if !ctx.owns(&cached) {
-        ctx.observe(&cached);
+        ctx.observe(&cached).await;
         return Ok(Action::await_change());
     }
+    // Handed over from KubeRay: observing it ends.
+    ctx.observed_levels().remove(&cached.uid().unwrap_or_default());
     let ns = cached.namespace().unwrap_or_default();
     // Read the RayService itself: the watch cache can lag behind this controller's own last status
     // write, and acting on a stale status would move route weights backwards.

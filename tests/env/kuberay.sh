@@ -10,7 +10,8 @@
 #   kuberay.sh stop DIR                  stop them (by PID)
 #   kuberay.sh bin                       print the directory holding the binaries
 #
-# With RAYSHIFT_OWNER_PID set, `start` leaves a watchdog that stops both once that process has exited.
+# With RAYSHIFT_OWNER_PID set, `start` leaves a watchdog that stops both once that process has exited;
+# RAYSHIFT_CP_NICE sets their niceness, as for the control plane (control-plane.sh).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -20,6 +21,7 @@ CACHE="${RAYSHIFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rayshift}"
 BIN="$CACHE/kuberay-$KUBERAY_VERSION-kwok-$KWOK_VERSION/bin"
 # Fake Pods' addresses: inside 10.250.0.0/16, whose unreachable route keeps them local (local-routes.sh).
 POD_CIDR=10.250.128.0/20
+NICE="nice -n ${RAYSHIFT_CP_NICE:-0}"
 
 log() { echo "kuberay: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -94,10 +96,10 @@ start() {
   cp_bin="$(bash "$HERE/control-plane.sh" bin)"
   mapfile -t stages < <(stage_args)
   # The real scheduler binds the Pods KubeRay creates to the fake node.
-  "$cp_bin/kube-scheduler" --kubeconfig "$kubeconfig" --leader-elect=false --secure-port=0 \
+  $NICE "$cp_bin/kube-scheduler" --kubeconfig "$kubeconfig" --leader-elect=false --secure-port=0 \
     >"$dir/scheduler.log" 2>&1 &
   echo $! >>"$dir/pids"
-  "$BIN/kwok" --kubeconfig "$kubeconfig" "${stages[@]}" --manage-all-nodes=false \
+  $NICE "$BIN/kwok" --kubeconfig "$kubeconfig" "${stages[@]}" --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake --cidr "$POD_CIDR" \
     --node-ip 127.0.0.1 >"$dir/kwok.log" 2>&1 &
   echo $! >>"$dir/pids"
@@ -110,7 +112,7 @@ start() {
   # GPU nodes run an "nvidia" RuntimeClass; without the object the apiserver rejects Pods that name it.
   printf 'apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: nvidia}\nhandler: nvidia\n' \
     | "${k[@]}" apply -f - >/dev/null
-  "$BIN/ray-operator" --kubeconfig "$kubeconfig" --metrics-addr 0 --health-probe-bind-address 0 \
+  $NICE "$BIN/ray-operator" --kubeconfig "$kubeconfig" --metrics-addr 0 --health-probe-bind-address 0 \
     --enable-leader-election=false --log-stdout-encoder console "${KUBERAY_ARGS[@]}" >"$dir/kuberay.log" 2>&1 &
   echo $! >>"$dir/pids"
   if [ -n "${RAYSHIFT_OWNER_PID:-}" ]; then

@@ -5,7 +5,10 @@
 #
 #   ray.sh install                     venv with ray[serve]==2.60.0 cached outside the repo, plus the apt
 #                                      packages the real-Ray test needs (python3-venv, iproute2, nginx-light)
-#   ray.sh start NAME INDEX APPDIR     head in netns NAME at 10.250.INDEX.2 (dashboard :8265, Serve :8000)
+#   ray.sh start NAME INDEX APPDIR [ADDRESS]
+#                                      head in netns NAME at 10.250.INDEX.2 (dashboard :8265, Serve :8000), or
+#                                      at ADDRESS (a Pod IP kwok gave the head Pod, in 10.250.128.0/20), joined
+#                                      point to point to the host's 10.250.64+.x
 #   ray.sh stop NAME                   stop that head and remove its namespace
 #   ray.sh venv                        print the venv directory
 #
@@ -51,19 +54,25 @@ install() {
 }
 
 start() {
-  local name=${1:?name} index=${2:?index} appdir=${3:?app dir}
+  local name=${1:?name} index=${2:?index} appdir=${3:?app dir} address=${4:-}
   # The whole test range must fail locally before any host in it exists (and after it is gone).
   bash "$(dirname "$SELF")/local-routes.sh" ensure
-  local host_if="rs${index}h" ns_if="rs${index}n" host_ip="10.250.${index}.1" ns_ip="10.250.${index}.2"
+  local host_if="rs${index}h" ns_if="rs${index}n" host_ip="10.250.${index}.1/24" ns_ip="10.250.${index}.2"
+  local ns_addr="$ns_ip/24"
+  if [ -n "$address" ]; then
+    # The Pod's own IP: a /32 on each end, each the other's peer (a host route only while the pair exists).
+    local link_ip="10.250.$((64 + index / 250)).$((index % 250 + 1))"
+    ns_ip=$address host_ip="$link_ip peer $address" ns_addr="$address peer $link_ip"
+  fi
   # A head left behind by a killed run would hold these names.
   $SUDO ip link del "$host_if" 2>/dev/null || true
   $SUDO ip netns del "$name" 2>/dev/null || true
   $SUDO ip netns add "$name"
   $SUDO ip link add "$host_if" type veth peer name "$ns_if"
   $SUDO ip link set "$ns_if" netns "$name"
-  $SUDO ip addr add "$host_ip/24" dev "$host_if"
+  $SUDO ip addr add $host_ip dev "$host_if"
   $SUDO ip link set "$host_if" up
-  $SUDO ip netns exec "$name" ip addr add "$ns_ip/24" dev "$ns_if"
+  $SUDO ip netns exec "$name" ip addr add $ns_addr dev "$ns_if"
   $SUDO ip netns exec "$name" ip link set "$ns_if" up
   $SUDO ip netns exec "$name" ip link set lo up
   local tmp="/tmp/ray-$name"
@@ -117,5 +126,5 @@ case "${1:-}" in
   start) shift; start "$@" ;;
   stop) shift; stop "$@" ;;
   venv) echo "$VENV" ;;
-  *) echo "usage: $0 install | start NAME INDEX APPDIR | stop NAME | venv" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start NAME INDEX APPDIR [ADDRESS] | stop NAME | venv" >&2; exit 2 ;;
 esac

@@ -35,6 +35,8 @@ pub struct ControlPlane {
     pub dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub server: String,
+    /// Niceness of its processes (and KubeRay's, kwok's and kube-scheduler's).
+    nice: u8,
 }
 
 static SHARED: OnceLock<ControlPlane> = OnceLock::new();
@@ -78,11 +80,14 @@ pub fn control_plane_with_kuberay() -> &'static ControlPlane {
     })
 }
 
-/// Like `control_plane()`, for tests whose real Ray heads share these cores: the control plane runs at nice 19 so
-/// that it cannot starve the Serve replicas (on a real cluster it has nodes of its own).
+/// Like `control_plane_with_kuberay()`, for tests whose real Ray heads share these cores: the control plane,
+/// KubeRay, kube-scheduler and kwok run at nice 19 so that they cannot starve the Serve replicas (on a real
+/// cluster they have nodes of their own).
 pub fn control_plane_beside_ray() -> &'static ControlPlane {
     BESIDE_RAY.get_or_init(|| {
-        ControlPlane::start_with_nice(19).with_crds(&[Crds::KubeRayForRayshift, Crds::GatewayApi])
+        ControlPlane::start_with_nice(19)
+            .with_crds(&[Crds::KubeRayForRayshift, Crds::GatewayApi])
+            .with_kuberay()
     })
 }
 
@@ -194,6 +199,7 @@ impl ControlPlane {
             .arg(self.kuberay_dir())
             .arg(&self.kubeconfig)
             .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
+            .env("RAYSHIFT_CP_NICE", self.nice.to_string())
             .output()
             .expect("run tests/env/kuberay.sh");
         assert!(
@@ -276,6 +282,7 @@ impl ControlPlane {
             kubeconfig: dir.join("kubeconfig"),
             dir,
             server,
+            nice,
         }
     }
 

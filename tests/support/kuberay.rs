@@ -1,15 +1,10 @@
-//! Test code playing KubeRay's RayCluster controller (nothing real can run here): for every RayCluster in
-//! a namespace it writes the status KubeRay would, creates the head Pod (and one serving worker Pod) owned
-//! by the cluster and sets their container statuses. The test can break a cluster's head.
-//!
-//! A cluster is brought up once its head has an address: at once with a made-up IP, or (real-Ray test)
-//! when a real Ray head for it is ready, whose address the Pods then carry.
+//! Test code playing KubeRay's RayCluster controller, for the states the real operator (with kwok) cannot
+//! produce at will: for every RayCluster in a namespace it writes the status KubeRay would, creates the head
+//! Pod and one serving worker Pod owned by the cluster, at a made-up IP, and sets their container statuses.
+//! The test can break every head: its Ray container terminates while the Pod stays Running (a sidecar).
+//! Every other test runs on the real KubeRay operator (`cluster::control_plane_with_kuberay`).
 
-use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -19,18 +14,13 @@ use kube::{
 use rayshift_api::RayCluster;
 use serde_json::{Value, json};
 
-/// The Pod IP of a cluster's head, once it has one.
-pub type HeadAddress = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
-
 /// Addresses of Pods and Services that have no host behind them (10.250.0.0/24 is never a head's).
 pub const MADE_UP_POD_IP: &str = "10.250.0.12";
 pub const MADE_UP_SERVICE_IP: &str = "10.250.0.11";
 
 #[derive(Clone, Default)]
 pub struct KubeRayStandIn {
-    /// Clusters whose head Ray container has terminated (the Pod stays Running because of a sidecar).
-    pub broken_heads: Arc<Mutex<HashSet<String>>>,
-    /// Every head is broken.
+    /// Every head's Ray container has terminated (the Pod stays Running because of a sidecar).
     pub all_heads_broken: Arc<std::sync::atomic::AtomicBool>,
     task: Option<Arc<tokio::task::JoinHandle<()>>>,
 }
@@ -45,29 +35,14 @@ impl Drop for KubeRayStandIn {
 
 impl KubeRayStandIn {
     pub fn start(client: Client, ns: &str) -> Self {
-        // Made up, but inside the test hosts' range, whose unreachable route keeps anything sent there local.
-        Self::start_with(client, ns, Arc::new(|_| Some(MADE_UP_POD_IP.to_string())), true)
-    }
-
-    /// Brings clusters up only once `address` knows their head; `worker` adds one serving worker Pod.
-    pub fn start_with(client: Client, ns: &str, address: HeadAddress, worker: bool) -> Self {
         super::local_routes::require();
         let mut me = KubeRayStandIn::default();
-        let broken = me.broken_heads.clone();
         let all = me.all_heads_broken.clone();
         let ns = ns.to_string();
         let task = tokio::spawn(async move {
             loop {
-                if let Err(e) = pass(
-                    &client,
-                    &ns,
-                    &broken,
-                    &address,
-                    worker,
-                    all.load(std::sync::atomic::Ordering::Relaxed),
-                )
-                .await
-                {
+                let broken = all.load(std::sync::atomic::Ordering::Relaxed);
+                if let Err(e) = pass(&client, &ns, broken).await {
                     eprintln!("kuberay stand-in: {e}");
                 }
                 tokio::time::sleep(Duration::from_millis(150)).await;
@@ -76,31 +51,18 @@ impl KubeRayStandIn {
         me.task = Some(Arc::new(task));
         me
     }
-
-    pub fn break_head(&self, cluster: &str) {
-        self.broken_heads.lock().unwrap().insert(cluster.to_string());
-    }
 }
 
-async fn pass(
-    client: &Client,
-    ns: &str,
-    broken: &Mutex<HashSet<String>>,
-    address: &HeadAddress,
-    worker: bool,
-    all_broken: bool,
-) -> Result<(), kube::Error> {
+async fn pass(client: &Client, ns: &str, is_broken: bool) -> Result<(), kube::Error> {
     let clusters: Api<RayCluster> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    // Made up, but inside the test hosts' range, whose unreachable route keeps anything sent there local.
+    let ip = MADE_UP_POD_IP;
     for c in clusters.list(&ListParams::default()).await?.items {
         let name = c.name_any();
         if c.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let Some(ip) = address(&name) else {
-            continue;
-        };
-        let is_broken = all_broken || broken.lock().unwrap().contains(&name);
         if c.status.as_ref().and_then(|s| s.state.as_deref()) != Some("ready") {
             let status = json!({"status": {
                 "state": "ready", "readyWorkerReplicas": 1, "availableWorkerReplicas": 1, "desiredWorkerReplicas": 1,
@@ -123,10 +85,10 @@ async fn pass(
             .to_string();
         let owner = json!([{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name, "uid": c.metadata.uid, "controller": true}]);
         // Like KubeRay for a RayService: the head starts outside the serve Services, workers inside.
-        let mut nodes = vec![(format!("{name}-head"), "head", "false")];
-        if worker {
-            nodes.push((format!("{name}-worker"), "worker", "true"));
-        }
+        let nodes = [
+            (format!("{name}-head"), "head", "false"),
+            (format!("{name}-worker"), "worker", "true"),
+        ];
         for (pod_name, node_type, serve) in nodes {
             if pods.get_opt(&pod_name).await?.is_none() {
                 let pod: Pod = serde_json::from_value(json!({

@@ -1,15 +1,14 @@
 //! Real Ray Serve heads for the RayClusters of one namespace (the real-Ray test).
 //!
-//! - Every RayCluster gets its own real Ray head, started by `tests/env/ray.sh` in a network namespace of
-//!   its own (10.250.N.2); when the RayCluster is gone, its head is stopped. Test code still plays KubeRay
-//!   for the Kubernetes side ([`KubeRayStandIn`]): the cluster turns ready, and its Pods carry the head's
-//!   address, once the head answers.
+//! - The real KubeRay operator runs every RayCluster: it creates the head Pod, kube-scheduler binds it to the
+//!   kwok node, and kwok gives it an IP in 10.250.128.0/20. For each head Pod with an IP, a real Ray head starts
+//!   in a network namespace of its own, at exactly that IP (`tests/env/ray.sh start ... ADDRESS`), so the Pod
+//!   KubeRay made leads to that head: its Services, EndpointSlices and the apiserver's proxy reach the real
+//!   Ray. When the RayCluster is gone, its head is stopped.
 //! - A dashboard router at `http://127.0.0.1:PORT/{namespace}/{cluster}/...` stands in for cluster DNS: it
 //!   forwards the controller's calls to that cluster's real dashboard, unchanged, and keeps every answer
 //!   (what the controller was told, and when).
 //! - A sampler asks every head directly, every 250 ms, what Serve really runs.
-//! - Like KubeRay, each cluster gets a `{cluster}-head-svc` Service; its Endpoints (written here, as no
-//!   endpoints controller runs) hold the head's address, so the apiserver's service proxy reaches it too.
 
 use std::{
     collections::BTreeMap,
@@ -30,19 +29,12 @@ use axum::{
     response::{IntoResponse, Response},
     routing::any,
 };
-use k8s_openapi::api::core::v1::{Endpoints, Service};
-use kube::{
-    Api, Client, ResourceExt,
-    api::{ListParams, PostParams},
-};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client, ResourceExt, api::ListParams};
 use rayshift_api::RayCluster;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{
-    cluster::repo,
-    kuberay::{HeadAddress, KubeRayStandIn},
-    observer::Serving,
-};
+use super::{cluster::repo, observer::Serving};
 
 pub fn script() -> PathBuf {
     repo().join("tests/env/ray.sh")
@@ -142,6 +134,8 @@ pub struct Sample {
 pub struct Head {
     pub netns: String,
     pub index: u32,
+    /// The head Pod's IP, which the head takes.
+    pub address: String,
     /// None while the head starts.
     pub ip: Option<String>,
     pub started: Instant,
@@ -166,31 +160,18 @@ struct Shared {
 pub struct RayHeads {
     shared: Arc<Shared>,
     router_addr: std::net::SocketAddr,
-    _kuberay: KubeRayStandIn,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl RayHeads {
     /// Installs nothing (`ray.sh install` runs before the tests); serves the RayClusters of `ns`.
     pub async fn start(client: Client, ns: &str) -> Self {
+        super::local_routes::require();
         let shared = Arc::new(Shared::default());
         // Private addresses per test process, so a head left by a killed run cannot clash.
         shared
             .next_index
             .store(1 + (std::process::id() % 50) * 5, Ordering::Relaxed);
-        let lookup = shared.clone();
-        let address: HeadAddress = Arc::new(move |cluster: &str| {
-            lookup
-                .heads
-                .lock()
-                .unwrap()
-                .get(cluster)
-                .and_then(|h| h.ip.clone())
-        });
-        // Serve runs on the head only (HeadOnly proxy, no worker Pods): traffic reaches a cluster only once
-        // the controller has put its head behind the serve Service.
-        let kuberay = KubeRayStandIn::start_with(client.clone(), ns, address, false);
-
         let router = Router::new()
             .route("/{ns}/{cluster}/{*rest}", any(forward))
             .with_state(shared.clone());
@@ -204,7 +185,6 @@ impl RayHeads {
         RayHeads {
             shared,
             router_addr,
-            _kuberay: kuberay,
             tasks,
         }
     }
@@ -309,11 +289,16 @@ async fn look(http: &reqwest::Client, ip: &str) -> Option<ServeView> {
     ServeView::parse(&resp.bytes().await.ok()?)
 }
 
-/// Starts a head for every new RayCluster and stops the heads of RayClusters that are gone.
+/// Starts a head for every new RayCluster once KubeRay's head Pod has an IP, and stops the heads of RayClusters
+/// that are gone.
 async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
-    let clusters: Api<RayCluster> = Api::namespaced(client, &ns);
+    let clusters: Api<RayCluster> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
     loop {
-        if let Ok(list) = clusters.list(&ListParams::default()).await {
+        let heads = pods
+            .list(&ListParams::default().labels("ray.io/node-type=head"))
+            .await;
+        if let (Ok(list), Ok(heads)) = (clusters.list(&ListParams::default()).await, heads) {
             let live: Vec<String> = list
                 .items
                 .iter()
@@ -324,15 +309,29 @@ async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
                 if shared.heads.lock().unwrap().contains_key(name) {
                     continue;
                 }
+                let Some(address) = pod_ip(&heads.items, name) else {
+                    continue;
+                };
+                // kwok may hand a freed address to a new Pod while the old head is still being stopped.
+                if shared
+                    .heads
+                    .lock()
+                    .unwrap()
+                    .values()
+                    .any(|h| h.address == address)
+                {
+                    continue;
+                }
                 let index = shared.next_index.fetch_add(1, Ordering::Relaxed);
                 let head = Head {
                     netns: format!("rayshift-{}-{index}", std::process::id()),
                     index,
+                    address,
                     ip: None,
                     started: Instant::now(),
                 };
                 shared.heads.lock().unwrap().insert(name.clone(), head.clone());
-                tokio::spawn(start_head(clusters.clone(), shared.clone(), name.clone(), head));
+                tokio::spawn(start_head(shared.clone(), name.clone(), head));
             }
             let gone: Vec<(String, Head)> = shared
                 .heads
@@ -343,56 +342,67 @@ async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
                 .map(|(n, h)| (n.clone(), h.clone()))
                 .collect();
             for (name, head) in gone {
-                let netns = head.netns.clone();
-                let ok = tokio::task::spawn_blocking(move || {
-                    Command::new("bash")
-                        .arg(script())
-                        .args(["stop", &netns])
-                        .status()
-                        .is_ok_and(|s| s.success())
-                })
-                .await
-                .unwrap_or(false);
-                if !ok {
-                    shared
-                        .failures
-                        .lock()
-                        .unwrap()
-                        .push(format!("stopping the head of {name} failed"));
-                }
-                shared.heads.lock().unwrap().remove(&name);
-                shared.stopped.lock().unwrap().insert(name, Instant::now());
+                stop_head(&shared, name, head).await;
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-async fn start_head(clusters: Api<RayCluster>, shared: Arc<Shared>, cluster: String, head: Head) {
+/// The IP kwok gave the head Pod of `cluster`.
+fn pod_ip(heads: &[Pod], cluster: &str) -> Option<String> {
+    heads
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.labels().get("ray.io/cluster").map(String::as_str) == Some(cluster))
+        .find_map(|p| p.status.as_ref()?.pod_ip.clone())
+}
+
+async fn stop_head(shared: &Shared, name: String, head: Head) {
+    let netns = head.netns.clone();
+    let ok = tokio::task::spawn_blocking(move || {
+        Command::new("bash")
+            .arg(script())
+            .args(["stop", &netns])
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+    .await
+    .unwrap_or(false);
+    if !ok {
+        shared
+            .failures
+            .lock()
+            .unwrap()
+            .push(format!("stopping the head of {name} failed"));
+    }
+    shared.heads.lock().unwrap().remove(&name);
+    shared.stopped.lock().unwrap().insert(name, Instant::now());
+}
+
+async fn start_head(shared: Arc<Shared>, cluster: String, head: Head) {
     let app_dir = repo().join("tests/env/ray-app");
-    let (netns, index) = (head.netns.clone(), head.index);
+    let (netns, index, address) = (head.netns.clone(), head.index, head.address.clone());
     let out = tokio::task::spawn_blocking(move || {
         Command::new("bash")
             .arg(script())
-            .args(["start", &netns, &index.to_string(), &app_dir.to_string_lossy()])
+            .args([
+                "start",
+                &netns,
+                &index.to_string(),
+                &app_dir.to_string_lossy(),
+                &address,
+            ])
             .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
             .output()
     })
     .await;
-    let ip = format!("10.250.{index}.2");
     match out {
         Ok(Ok(o)) if o.status.success() && !shared.closing.load(Ordering::Relaxed) => {
-            if let Err(e) = publish_head_service(&clusters, &cluster, &ip).await {
-                shared
-                    .failures
-                    .lock()
-                    .unwrap()
-                    .push(format!("the head Service of {cluster}: {e}"));
-            }
             let took = head.started.elapsed();
             shared.ready_after.lock().unwrap().insert(cluster.clone(), took);
             if let Some(h) = shared.heads.lock().unwrap().get_mut(&cluster) {
-                h.ip = Some(ip);
+                h.ip = Some(head.address);
             }
         }
         other => {
@@ -408,41 +418,6 @@ async fn start_head(clusters: Api<RayCluster>, shared: Arc<Shared>, cluster: Str
                 .push(format!("the head of {cluster} did not start: {why}"));
         }
     }
-}
-
-/// `{cluster}-head-svc` and its Endpoints, owned by the RayCluster (garbage-collected with it).
-async fn publish_head_service(
-    clusters: &Api<RayCluster>,
-    cluster: &str,
-    ip: &str,
-) -> Result<(), kube::Error> {
-    let rc = clusters.get(cluster).await?;
-    let ns = rc.namespace().unwrap_or_default();
-    let client = clusters.clone().into_client();
-    let name = format!("{cluster}-head-svc");
-    let owner = json!([{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster, "uid": rc.metadata.uid, "controller": true}]);
-    let ports = json!([{"name": "dashboard", "port": 8265, "protocol": "TCP"}, {"name": "serve", "port": 8000, "protocol": "TCP"}]);
-    let service: Service = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "ownerReferences": owner, "labels": {"ray.io/cluster": cluster}},
-        "spec": {"ports": ports}
-    }))
-    .unwrap();
-    let endpoints: Endpoints = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Endpoints",
-        "metadata": {"name": name, "ownerReferences": owner, "labels": {"ray.io/cluster": cluster}},
-        // The apiserver's proxy only goes to addresses that name the Pod holding them.
-        "subsets": [{"addresses": [{"ip": ip, "targetRef": {"kind": "Pod", "name": format!("{cluster}-head"), "namespace": ns}}],
-                     "ports": ports}]
-    }))
-    .unwrap();
-    Api::<Service>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &service)
-        .await?;
-    Api::<Endpoints>::namespaced(client, &ns)
-        .create(&PostParams::default(), &endpoints)
-        .await?;
-    Ok(())
 }
 
 async fn sample(shared: Arc<Shared>) {
