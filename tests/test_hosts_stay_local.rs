@@ -13,7 +13,7 @@ use std::{
 
 use support::{cluster::repo, kuberay, local_routes, ray};
 
-/// A head index of its own: the real-Ray tests count theirs from 1 to about 250.
+/// Head indexes of its own (this and the one below): the real-Ray tests count theirs from 1 to about 250.
 const INDEX: u32 = 253;
 const DASHBOARD: u16 = 8265;
 const SERVE: u16 = 8000;
@@ -87,10 +87,23 @@ fn ray_sh(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn a_stopped_heads_addresses_fail_locally() {
+    a_stopped_head_fails_locally(INDEX, None);
+}
+
+/// As the real-Ray test runs them: the head takes the IP kwok gave KubeRay's head Pod (a point-to-point veth).
+#[test]
+fn a_stopped_head_at_a_pod_ip_fails_locally() {
+    a_stopped_head_fails_locally(INDEX - 1, Some("10.250.143.250"));
+}
+
+fn a_stopped_head_fails_locally(index: u32, address: Option<&str>) {
     local_routes::require();
-    let netns = format!("rayshift-{}-{INDEX}", std::process::id());
+    let netns = format!("rayshift-{}-{index}", std::process::id());
     let app_dir = repo().join("tests/env/ray-app");
-    let started = ray_sh(&["start", &netns, &INDEX.to_string(), &app_dir.to_string_lossy()]);
+    let (index_arg, app_arg) = (index.to_string(), app_dir.to_string_lossy().into_owned());
+    let mut args = vec!["start", &netns, &index_arg, &app_arg];
+    args.extend(address);
+    let started = ray_sh(&args);
     let stop = || ray_sh(&["stop", &netns]);
     if !started.status.success() {
         stop();
@@ -99,7 +112,7 @@ fn a_stopped_heads_addresses_fail_locally() {
             String::from_utf8_lossy(&started.stderr)
         );
     }
-    let ip = format!("10.250.{INDEX}.2");
+    let ip = address.map_or_else(|| format!("10.250.{index}.2"), str::to_string);
     // While the head lives, its address is reached through its own, more specific route.
     let live = TcpStream::connect_timeout(
         &format!("{ip}:{DASHBOARD}").parse().unwrap(),
@@ -113,7 +126,7 @@ fn a_stopped_heads_addresses_fail_locally() {
         "the live head's dashboard was not reachable: {live:?}"
     );
     assert!(
-        live_route.contains(&format!("rs{INDEX}h")),
+        live_route.contains(&format!("rs{index}h")),
         "a live head is reached over its veth: {live_route}"
     );
 
