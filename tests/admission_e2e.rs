@@ -237,8 +237,13 @@ async fn warnings_defaults_updates_and_dry_run() {
             .step_size_percent,
         Some(5)
     );
-    // managedBy is immutable (KubeRay's CEL rule, enforced by the webhook on 1.20).
+    // managedBy can be set once (a handover: KubeRay's CEL transition rule allows it, and so does the webhook),
+    // and is immutable after that.
     let patch = json!({"spec": {"managedBy": "ray.io/kuberay-operator"}});
+    api.patch("defaulted", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("setting managedBy on a RayService without one is a handover");
+    let patch = json!({"spec": {"managedBy": "rayshift.io/controller"}});
     let status = api_error(
         api.patch("defaulted", &PatchParams::default(), &Patch::Merge(&patch))
             .await
