@@ -23,7 +23,7 @@ use support::{
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     kuberay::KubeRayStandIn,
-    status::{active, condition, pending},
+    status::{active, cluster_names, condition, pending},
 };
 
 struct Env {
@@ -611,15 +611,7 @@ async fn taking_over_from_kuberay_starts_no_upgrade() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rs = env.get("llm").await;
     assert_eq!(pending(&rs), None, "no upgrade started");
-    let names: Vec<String> = env
-        .clusters()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
+    let names = cluster_names(&env.clusters(), "").await;
     assert_eq!(names, vec!["llm-kuber".to_string()]);
     assert!(env.events().await.iter().any(|(r, _)| r == "AdoptedRayCluster"));
 }

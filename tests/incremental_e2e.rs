@@ -22,7 +22,7 @@ use support::{
     dashboard::FakeDashboard,
     gateway::GatewayStandIn,
     observer::Observer,
-    status::{active, condition, pending},
+    status::{active, cluster_names, condition, pending},
 };
 
 struct Env {
@@ -544,14 +544,7 @@ async fn a_restarted_controller_resumes_from_status() {
             .iter()
             .all(|p| p["applications"][0]["import_path"] == "serve_llm:app")
     );
-    let all: Vec<String> = Api::<RayCluster>::namespaced(env.client.clone(), &env.ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
+    let all = cluster_names(&Api::<RayCluster>::namespaced(env.client.clone(), &env.ns), "").await;
     assert!(all.contains(&new));
 }
 

@@ -26,7 +26,7 @@ use support::{
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     gateway::GatewayStandIn,
-    status::{active, pending},
+    status::{active, cluster_names, pending},
     wait::eventually,
     webhook::AdmissionWebhook,
 };
@@ -384,14 +384,7 @@ async fn handover<F, Fut>(
         logs,
     )
     .await;
-    let now: Vec<String> = clusters
-        .list(&ListParams::default().labels("ray.io/originated-from-cr-name=theirs"))
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
+    let now = cluster_names(clusters, "ray.io/originated-from-cr-name=theirs").await;
     assert_eq!(
         now,
         vec![kuberays.clone()],

@@ -1,6 +1,18 @@
-//! Reading a RayService's status in tests.
+//! Reading a RayService's status (and its RayClusters) in tests.
 
-use rayshift_api::RayService;
+use kube::{Api, ResourceExt, api::ListParams};
+use rayshift_api::{RayCluster, RayService};
+
+/// Names of the RayClusters that match `labels` (all of them with `""`).
+pub async fn cluster_names(api: &Api<RayCluster>, labels: &str) -> Vec<String> {
+    api.list(&ListParams::default().labels(labels))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect()
+}
 
 /// The active cluster's name.
 pub fn active(rs: &RayService) -> Option<String> {
