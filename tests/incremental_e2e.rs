@@ -11,8 +11,8 @@ use std::{
 };
 
 use kube::{
-    Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
 };
 use rayshift_api::{RayCluster, RayService};
 use serde_json::{Value, json};
