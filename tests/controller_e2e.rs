@@ -407,6 +407,41 @@ async fn none_strategy_updates_the_cluster_in_place() {
     assert_eq!(pending(&rs), None);
 }
 
+/// Without the Ray autoscaler, nothing but rayshift can apply a change of `replicas`: it goes to the running
+/// cluster in place, for both strategies, and the real KubeRay operator scales the worker Pods to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_replicas_are_applied_in_place_without_the_autoscaler() {
+    let env = Env::new("replicas").await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    env.create(rayservice("fixed", Some("None"), "ray:1")).await;
+    for name in ["llm", "fixed"] {
+        let cluster = active(&env.ready(name).await).unwrap();
+        let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": [{"groupName": "cpu", "replicas": 2, "minReplicas": 1, "maxReplicas": 2,
+            "template": {"spec": {"containers": [{"name": "ray-worker", "image": "ray:1"}], "runtimeClassName": "nvidia"}}}]}}});
+        env.rayservices()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.ns);
+        let workers = format!("ray.io/cluster={cluster},ray.io/node-type=worker");
+        env.eventually(&format!("{name}: two worker Pods"), 60, || async {
+            let c = env.clusters().get(&cluster).await.unwrap();
+            let listed = pods.list(&ListParams::default().labels(&workers)).await.unwrap();
+            (c.spec.worker_groups()[0].replicas == Some(2) && listed.items.len() == 2).then_some(())
+        })
+        .await;
+        let rs = env.get(name).await;
+        assert_eq!(
+            active(&rs).as_deref(),
+            Some(cluster.as_str()),
+            "{name}: no new cluster"
+        );
+        assert_eq!(pending(&rs), None, "{name}");
+    }
+    let all = env.clusters().list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(all.len(), 2, "one cluster each");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rayservice_managed_by_another_controller_is_left_alone() {
     // Test code in KubeRay's place: with nothing else reconciling it, any status or cluster would be rayshift's.
@@ -504,8 +539,9 @@ async fn deleting_the_rayservice_removes_what_rayshift_created() {
         env.controller.metrics().contains(&series),
         "per-RayService series exist"
     );
+    // A plain delete (background, as kubectl does): the RayService is gone at once and never reconciled again.
     env.rayservices()
-        .delete("llm", &DeleteParams::foreground())
+        .delete("llm", &DeleteParams::default())
         .await
         .unwrap();
     env.eventually("children garbage-collected", 60, || async {
@@ -523,6 +559,52 @@ async fn deleting_the_rayservice_removes_what_rayshift_created() {
         .then_some(())
     })
     .await;
+}
+
+/// Records are kept per owner: deleting `llm` (foreground, so it is reconciled while it goes) must not make
+/// rayshift forget the Serve config it pushed to `llm-v2`'s cluster, whose name starts with `llm-` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_llm_leaves_llm_v2_alone() {
+    let env = Env::new("prefix").await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    env.create(rayservice("llm-v2", None, "ray:1")).await;
+    env.ready("llm").await;
+    let v2 = active(&env.ready("llm-v2").await).unwrap();
+    let puts = env.dashboard.get(&env.ns, &v2).puts.len();
+    env.rayservices()
+        .delete("llm", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    env.eventually("llm gone", 60, || async {
+        env.rayservices()
+            .get_opt("llm")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let series = |name: &str| format!("name=\"{name}\",namespace=\"{}\"", env.ns);
+    env.eventually("llm's series gone", 10, || async {
+        (!env.controller.metrics().contains(&series("llm"))).then_some(())
+    })
+    .await;
+    assert!(
+        env.controller.metrics().contains(&series("llm-v2")),
+        "llm-v2's series went too"
+    );
+    // A pass of llm-v2 (any change wakes it) must find its config record and push nothing.
+    let nudge = json!({"metadata": {"annotations": {"test/nudge": "1"}}});
+    env.rayservices()
+        .patch("llm-v2", &PatchParams::default(), &Patch::Merge(&nudge))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        env.dashboard.get(&env.ns, &v2).puts.len(),
+        puts,
+        "llm-v2's Serve config was pushed again: its record was dropped with llm's"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

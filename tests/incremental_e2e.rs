@@ -156,6 +156,35 @@ impl Env {
         )
     }
 
+    /// `rayshift_upgrades_total` of this RayService with the given result.
+    fn upgrades(&self, result: &str) -> f64 {
+        let text = self.controller.as_ref().unwrap().metrics();
+        let series = format!(
+            "rayshift_upgrades_total{{name=\"llm\",namespace=\"{}\",result=\"{result}\"}}",
+            self.ns
+        );
+        support::webhook::metric(&text, &series)
+    }
+
+    /// Notes of this namespace's events with `reason`, as `kubectl get events` lists them (each Event object
+    /// once, with its series count when a message repeated).
+    fn event_notes(&self, reason: &str) -> Vec<(String, i64)> {
+        let out = self
+            .cp
+            .kubectl(&["get", "events.events.k8s.io", "-n", &self.ns, "-o", "json"]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["reason"] == reason)
+            .map(|e| {
+                let count = e["series"]["count"].as_i64().unwrap_or(1);
+                (e["note"].as_str().unwrap_or_default().to_string(), count)
+            })
+            .collect()
+    }
+
     async fn events(&self) -> Vec<String> {
         let out = self
             .cp
@@ -345,6 +374,26 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
     for reason in ["UpdatedServeTargetCapacity", "UpdatedHTTPRoute", "Promoted"] {
         assert!(events.iter().any(|e| e == reason), "{reason} missing: {events:?}");
     }
+    // Every step is its own Event with the weights it moved, none folded into another's series.
+    let steps = env.event_notes("UpdatedHTTPRoute");
+    assert_eq!(steps.len(), 20, "{steps:#?}");
+    assert!(steps.iter().all(|(_, count)| *count == 1), "{steps:#?}");
+    let last = format!("Moved traffic: {old} 5% → 0%, {new} 95% → 100%");
+    assert!(
+        steps.iter().any(|(n, _)| n == &last),
+        "{last} missing: {steps:#?}"
+    );
+    let capacity = env.event_notes("UpdatedServeTargetCapacity");
+    assert_eq!(
+        capacity.len(),
+        10,
+        "5 raises of the new cluster, 5 cuts of the old: {capacity:#?}"
+    );
+    let first_raise = format!(
+        "Set target_capacity of pending RayCluster {}/{new}: 0% → 20%",
+        env.ns
+    );
+    assert!(capacity.iter().any(|(n, _)| n == &first_raise), "{capacity:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,6 +465,19 @@ async fn reverting_the_spec_rolls_back_step_by_step() {
         .collect::<Vec<_>>();
     assert!(back.windows(2).all(|w| (w[1] - w[0]).abs() <= 25), "{back:?}");
     assert!(env.events().await.iter().any(|e| e == "RolledBack"));
+    // Each rollback step is an event of its own, saying so.
+    let steps = env.event_notes("UpdatedHTTPRoute");
+    let back_steps: Vec<_> = steps
+        .iter()
+        .filter(|(n, _)| n.ends_with("(rolling back)"))
+        .collect();
+    assert!(!back_steps.is_empty(), "{steps:#?}");
+    assert!(
+        back_steps
+            .iter()
+            .any(|(n, _)| n.contains(&format!("{new} 25% → 0%"))),
+        "{steps:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,7 +533,9 @@ async fn pause_resume_and_promote() {
         "promote still waited: {took:?}"
     );
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
-    assert!(env.events().await.iter().any(|e| e == "UpgradePaused"));
+    let events = env.events().await;
+    assert!(events.iter().any(|e| e == "UpgradePaused"), "{events:?}");
+    assert!(events.iter().any(|e| e == "UpgradeResumed"), "{events:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -498,6 +562,8 @@ async fn abort_rolls_back_and_stays_back() {
     assert_eq!(pending(&env.get().await), None);
     assert!(env.events().await.iter().any(|e| e == "UpgradeAborted"));
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    assert_eq!(env.upgrades("aborted"), 1.0);
+    assert_eq!(env.upgrades("rolled_back"), 0.0);
     // A new spec upgrades again.
     let next = env.upgrade_to("ray:3").await;
     env.promoted_to(&next, 60).await;
@@ -517,6 +583,25 @@ async fn progress_deadline_rolls_back() {
     })
     .await;
     assert!(env.events().await.iter().any(|e| e == "ProgressDeadlineExceeded"));
+    assert_eq!(env.upgrades("rolled_back"), 1.0);
+}
+
+/// Waiting for a step that is not due yet is progress: an interval longer than the progress deadline used to
+/// roll every upgrade back after its first step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_longer_than_the_deadline_still_completes() {
+    let env = Env::new("slowsteps").await;
+    env.deploy(50, 50, 4).await;
+    env.patch(json!({"metadata": {"annotations": {"rayshift.io/progress-deadline-seconds": "2"}}}))
+        .await;
+    let new = env.upgrade_to("ray:2").await;
+    env.promoted_to(&new, 60).await;
+    let events = env.events().await;
+    assert!(
+        !events.iter().any(|e| e == "ProgressDeadlineExceeded"),
+        "{events:?}"
+    );
+    assert_eq!(env.upgrades("completed"), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,8 +2,10 @@
 //! place.
 //!
 //! Like KubeRay, replica counts (and `workersToDelete`, tolerations, scheduling gates, `suspend`,
-//! `upgradeStrategy`) never force a new cluster: the autoscaler and schedulers own them. Unlike KubeRay, a
-//! change to min/max replicas is still applied in place (KubeRay drops it, reference 9.13). The digest is
+//! `upgradeStrategy`) never force a new cluster. Unlike KubeRay, a change to min/max replicas is still
+//! applied in place (KubeRay drops it, reference 9.13), and so is a change of `replicas` when the Ray
+//! autoscaler is off: then nothing else would ever apply it. With the autoscaler on, `replicas` is the
+//! autoscaler's. The digest is
 //! rayshift's own (SHA-256 of canonical JSON), not KubeRay's Go-JSON SHA-1, so adoption of KubeRay's
 //! clusters goes through an explicit rule (see the controller).
 
@@ -24,7 +26,8 @@ pub const NUM_WORKER_GROUPS_ANNOTATION: &str = "ray.io/num-worker-groups";
 pub struct SpecDigests {
     /// Changes here need a new cluster (NewCluster) or an in-place rebuild (None).
     pub spec: String,
-    /// Also covers min/max replicas: changes here alone are applied in place.
+    /// Also covers min/max replicas, and `replicas` when the autoscaler is off: changes here alone are
+    /// applied in place.
     pub scale: String,
     /// `prefixes[k]`: the spec digest of the spec cut to its first `k` worker groups.
     pub prefixes: Vec<String>,
@@ -38,11 +41,16 @@ impl SpecDigests {
             .and_then(Value::as_array)
             .map_or(0, Vec::len);
         let prefixes = (0..=groups)
-            .map(|k| digest(&without_scaling(&truncated(&value, k), true)))
+            .map(|k| digest(&without_scaling(&truncated(&value, k), Keep::Nothing)))
             .collect();
+        let scale = if spec.autoscaling_enabled() {
+            Keep::Bounds
+        } else {
+            Keep::BoundsAndReplicas
+        };
         Self {
-            spec: digest(&without_scaling(&value, true)),
-            scale: digest(&without_scaling(&value, false)),
+            spec: digest(&without_scaling(&value, Keep::Nothing)),
+            scale: digest(&without_scaling(&value, scale)),
             prefixes,
         }
     }
@@ -88,8 +96,18 @@ fn truncated(spec: &Value, groups: usize) -> Value {
     spec
 }
 
-/// Drops what never forces a new cluster; with `replicas_bounds`, min/max replicas too.
-fn without_scaling(spec: &Value, replicas_bounds: bool) -> Value {
+/// Which replica counts a digest covers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    Nothing,
+    /// min/max replicas.
+    Bounds,
+    /// min/max and replicas (no autoscaler).
+    BoundsAndReplicas,
+}
+
+/// Drops what never forces a new cluster, and the replica counts `keep` does not cover.
+fn without_scaling(spec: &Value, keep: Keep) -> Value {
     let mut spec = spec.clone();
     if let Some(obj) = spec.as_object_mut() {
         for key in ["suspend", "upgradeStrategy"] {
@@ -105,8 +123,10 @@ fn without_scaling(spec: &Value, replicas_bounds: bool) -> Value {
     }
     if let Some(groups) = spec.get_mut("workerGroupSpecs").and_then(Value::as_array_mut) {
         for group in groups.iter_mut().filter_map(Value::as_object_mut) {
-            group.remove("replicas");
-            if replicas_bounds {
+            if keep != Keep::BoundsAndReplicas {
+                group.remove("replicas");
+            }
+            if keep == Keep::Nothing {
                 group.remove("minReplicas");
                 group.remove("maxReplicas");
             }
@@ -162,7 +182,18 @@ mod tests {
         v["workerGroupSpecs"][0]["scaleStrategy"] = json!({"workersToDelete": ["x"]});
         v["suspend"] = json!(true);
         let b = SpecDigests::of(&spec(v));
-        assert_eq!(a, b);
+        assert_eq!((&a.spec, &a.prefixes), (&b.spec, &b.prefixes));
+        // Without the autoscaler, nothing else applies `replicas`: the change is applied in place.
+        assert_ne!(a.scale, b.scale);
+    }
+
+    #[test]
+    fn with_the_autoscaler_replicas_are_its_own() {
+        let mut on = base();
+        on["enableInTreeAutoscaling"] = json!(true);
+        let a = SpecDigests::of(&spec(on.clone()));
+        on["workerGroupSpecs"][0]["replicas"] = json!(3);
+        assert_eq!(a, SpecDigests::of(&spec(on)));
     }
 
     #[test]

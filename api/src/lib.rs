@@ -11,6 +11,7 @@ pub mod error;
 pub mod feature_gates;
 pub mod lifecycle;
 pub mod observed;
+pub mod progress;
 pub mod quantity;
 pub mod raycluster;
 pub mod rayservice;

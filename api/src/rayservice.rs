@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{
+    progress::UpgradeProgress,
     raycluster::{Extra, RayClusterSpec},
     schema,
 };
@@ -165,6 +166,11 @@ pub struct RayServiceStatuses {
     pub active_service_status: Option<ClusterServiceStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_service_status: Option<ClusterServiceStatus>,
+    /// rayshift's own upgrade state (top-level status fields; before `extra`, which takes the rest). Not in
+    /// the generated CRD, which is KubeRay's view: the reconcile component adds these fields.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub progress: UpgradeProgress,
     #[serde(flatten)]
     #[schemars(skip)]
     pub extra: Extra,

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use jiff::{SignedDuration, Timestamp};
+
 /// `pause`, `resume`, `promote` (finish without waiting the intervals) or `abort` (roll back now).
 pub const UPGRADE_CONTROL_ANNOTATION: &str = "rayshift.io/upgrade-control";
 /// Seconds without a successful step before the upgrade rolls back by itself.
@@ -40,6 +42,26 @@ pub fn progress_deadline(annotations: &BTreeMap<String, String>, default: i64) -
         .unwrap_or(default)
 }
 
+/// The annotation's value when it is not a positive number of seconds (admission denies it; the
+/// controller falls back to its default).
+pub fn invalid_progress_deadline(annotations: &BTreeMap<String, String>) -> Option<&str> {
+    let raw = annotations.get(PROGRESS_DEADLINE_ANNOTATION)?;
+    (raw.trim().parse::<i64>().ok().filter(|v| *v > 0).is_none()).then_some(raw.as_str())
+}
+
+/// Whether the upgrade has gone longer than the deadline without progress. Waiting for a step that is not
+/// due yet is not a stall: the deadline counts from the later of the last progress and the instant the
+/// next step became due, so an interval longer than the deadline still works.
+pub fn stalled(
+    last_progress: Timestamp,
+    next_step_due: Option<Timestamp>,
+    deadline: SignedDuration,
+    now: Timestamp,
+) -> bool {
+    let since = next_step_due.map_or(last_progress, |due| due.max(last_progress));
+    now.duration_since(since) > deadline
+}
+
 /// Replicas Serve runs for a deployment of `declared` replicas at `capacity` percent: rounded half up,
 /// at least one when the capacity is above zero (Serve's `get_capacity_adjusted_num_replicas`).
 pub fn implied_replicas(declared: u64, capacity: i32) -> u64 {
@@ -65,6 +87,22 @@ mod tests {
     }
 
     #[test]
+    fn waiting_for_a_due_step_is_not_a_stall() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let at = |s: i64| t0 + SignedDuration::from_secs(s);
+        let deadline = SignedDuration::from_secs(300);
+        // Interval 600 s, deadline 300 s: 400 s after the last step the next one is not even due.
+        assert!(!stalled(t0, Some(at(600)), deadline, at(400)));
+        // 300 s after it became due, nothing happened: that is a stall.
+        assert!(!stalled(t0, Some(at(600)), deadline, at(900)));
+        assert!(stalled(t0, Some(at(600)), deadline, at(901)));
+        // No step yet (waiting for capacity): the deadline counts from the last progress.
+        assert!(stalled(t0, None, deadline, at(301)));
+        // Progress after the due instant restarts the count.
+        assert!(!stalled(at(700), Some(at(600)), deadline, at(950)));
+    }
+
+    #[test]
     fn annotations() {
         let a = |v: &str| BTreeMap::from([(UPGRADE_CONTROL_ANNOTATION.to_string(), v.to_string())]);
         assert_eq!(control(&a("Pause")), Control::Pause);
@@ -74,5 +112,8 @@ mod tests {
         let d = BTreeMap::from([(PROGRESS_DEADLINE_ANNOTATION.to_string(), "30".to_string())]);
         assert_eq!(progress_deadline(&d, 600), 30);
         assert_eq!(progress_deadline(&BTreeMap::new(), 600), 600);
+        assert_eq!(invalid_progress_deadline(&d), None);
+        let bad = BTreeMap::from([(PROGRESS_DEADLINE_ANNOTATION.to_string(), "10m".to_string())]);
+        assert_eq!(invalid_progress_deadline(&bad), Some("10m"));
     }
 }

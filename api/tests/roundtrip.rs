@@ -101,3 +101,61 @@ fn every_fixture_roundtrips() {
         }
     }
 }
+
+/// The reconcile component gives each field of rayshift's typed upgrade progress a place in KubeRay's status
+/// schema (the apiserver prunes the rest): the two lists must not drift apart.
+#[test]
+fn the_reconcile_component_keeps_every_progress_field() {
+    use rayshift_api::progress::{Abort, AbortReason, UpgradeProgress};
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../manifests/components/reconcile/rayservice-crd.yaml"
+    );
+    let ops = documents::parse_stream(&std::fs::read_to_string(path).unwrap())
+        .unwrap()
+        .remove(0);
+    let prefix = "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/";
+    let mut kept: Vec<String> = ops
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["op"] == "add")
+        .filter_map(|op| op["path"].as_str()?.strip_prefix(prefix).map(str::to_string))
+        .collect();
+    let t = "2026-11-24T10:00:00Z".parse().unwrap();
+    let full = UpgradeProgress {
+        upgrade_start_time: Some(t),
+        last_progress_time: Some(t),
+        last_traffic_step_time: Some(t),
+        rejected_spec_digest: Some("d".into()),
+        upgrade_abort: Some(Abort {
+            reason: AbortReason::UpgradeAborted,
+            message: "m".into(),
+            time: t,
+        }),
+    };
+    let mut fields: Vec<String> = serde_json::to_value(&full)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    kept.sort();
+    fields.sort();
+    assert_eq!(kept, fields);
+}
+
+#[test]
+fn progress_fields_and_unknown_status_fields_both_survive() {
+    let status = serde_json::json!({
+        "upgradeStartTime": "2026-11-24T10:00:00.5Z", "rejectedSpecDigest": "abc",
+        "upgradeAbort": {"reason": "UpgradeAborted", "message": "m", "time": "2026-11-24T10:00:01Z"},
+        "someFutureKubeRayField": {"x": 1}
+    });
+    let typed: rayshift_api::RayServiceStatuses = serde_json::from_value(status.clone()).unwrap();
+    assert_eq!(typed.progress.rejected_spec_digest.as_deref(), Some("abc"));
+    assert!(typed.progress.upgrade_abort.is_some());
+    assert_eq!(typed.extra.keys().collect::<Vec<_>>(), ["someFutureKubeRayField"]);
+    assert_eq!(serde_json::to_value(&typed).unwrap(), status);
+}

@@ -2,41 +2,37 @@
 //! step of the pure upgrade planner ([`rayshift_api::upgrade`]) per pass: raise or lower a Serve
 //! `target_capacity`, move route weight, promote, or finish a rollback.
 //!
-//! State lives in the RayService status (capacity, traffic, last traffic step per cluster, and rayshift's
-//! own `upgradeAbort`, `rejectedSpecDigest`, `lastProgressTime`), so a restarted controller resumes where
-//! the last one stopped.
+//! State lives in the RayService status (capacity and traffic per cluster, and rayshift's typed
+//! [`UpgradeProgress`]), so a restarted controller resumes where the last one stopped.
 
 use std::time::Duration;
 
 use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{Api, ResourceExt, runtime::events::EventType};
+use kube::{Api, ResourceExt};
 use rayshift_api::{
     RayCluster, RayService,
     cluster_spec::SPEC_HASH_ANNOTATION,
     conditions::{self, Wanted},
+    progress::{AbortReason, Steering, UpgradeProgress},
     rayservice::{ClusterServiceStatus, RayServiceStatuses},
     upgrade::{self, Action, Direction, Levels, Observed, Role, UpgradeOptions, WaitReason},
     upgrade_control::{self, Control},
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::{
     children,
     dashboard::{self, ServeStatus},
     error::{Error, Result},
+    events::EventType,
     reconcile::{Context, SERVE_CONFIG_ANNOTATION},
 };
 
 pub const PROGRESSING: &str = "Progressing";
-const ABORT_FIELD: &str = "upgradeAbort";
-const REJECTED_FIELD: &str = "rejectedSpecDigest";
-const LAST_PROGRESS_FIELD: &str = "lastProgressTime";
 /// How long before a traffic step is due the pass that makes it starts.
 const STEP_LEAD_MS: i64 = 250;
-/// `lastTrafficMigratedTime` is a metav1.Time (whole seconds); exact pacing needs the sub-second instant.
-const LAST_STEP_FIELD: &str = "lastTrafficStepTime";
 
 /// What the incremental pass needs from the reconcile that calls it.
 pub struct Pass<'a> {
@@ -65,21 +61,12 @@ pub fn cluster_serve_service(cluster: &str) -> String {
 
 /// The spec digest rolled back on purpose (abort, deadline), if any.
 pub fn rejected_spec(status: &RayServiceStatuses) -> Option<String> {
-    status
-        .extra
-        .get(REJECTED_FIELD)
-        .and_then(Value::as_str)
-        .map(str::to_string)
+    status.progress.rejected_spec_digest.clone()
 }
 
 /// When traffic last moved (sub-second when rayshift moved it).
 pub fn last_step_time(status: &RayServiceStatuses) -> Option<Timestamp> {
-    let precise = status
-        .extra
-        .get(LAST_STEP_FIELD)
-        .and_then(Value::as_str)
-        .and_then(|t| t.parse::<Timestamp>().ok());
-    precise.or_else(|| {
+    status.progress.last_traffic_step_time.or_else(|| {
         [
             time(status.active_service_status.as_ref()),
             time(status.pending_service_status.as_ref()),
@@ -152,66 +139,35 @@ async fn step(
     let annotations = p.rs.annotations();
     let control = upgrade_control::control(annotations);
     let pending_digest = pending.annotations().get(SPEC_HASH_ANNOTATION).cloned();
-    // Abort and deadline make a rollback stick until it finishes.
-    if control == Control::Abort && !status.extra.contains_key(ABORT_FIELD) {
-        abort(
-            p,
-            status,
-            "UpgradeAborted",
-            "aborted by the rayshift.io/upgrade-control annotation",
-        )
-        .await;
-    }
+    let pending_runs_goal = pending_digest.as_deref() == Some(p.goal_spec);
     let deadline = upgrade_control::progress_deadline(annotations, p.ctx.options.progress_deadline_seconds);
-    // The deadline counts from the last successful step (or from when rayshift first saw the upgrade).
-    let last_progress_time = status
-        .extra
-        .get(LAST_PROGRESS_FIELD)
-        .and_then(Value::as_str)
-        .and_then(|t| t.parse::<Timestamp>().ok())
-        .unwrap_or(p.now);
-    status
-        .extra
-        .entry(LAST_PROGRESS_FIELD.to_string())
-        .or_insert_with(|| Value::from(p.now.to_string()));
-    let aborted = status.extra.contains_key(ABORT_FIELD);
-    let forward = !aborted && pending_digest.as_deref() == Some(p.goal_spec);
-    if forward
-        && control != Control::Pause
-        && p.now.duration_since(last_progress_time) > SignedDuration::from_secs(deadline)
-    {
-        abort(
-            p,
-            status,
-            "ProgressDeadlineExceeded",
-            &format!("no upgrade step succeeded for {deadline} s"),
-        )
-        .await;
-    }
-    let aborted = status.extra.contains_key(ABORT_FIELD);
-    let direction = if !aborted && pending_digest.as_deref() == Some(p.goal_spec) {
-        Direction::Forward
-    } else {
-        Direction::Rollback
+    let last_step = last_step_time(status);
+    let steering = Steering {
+        control,
+        pending_runs_goal,
+        deadline: SignedDuration::from_secs(deadline),
+        interval: options.interval,
+        last_traffic_step: last_step,
+        now: p.now,
     };
+    if let Some(abort) = status.progress.steer(&steering) {
+        let note = format!("Rolling back the incremental upgrade: {}", abort.message);
+        p.ctx
+            .event(p.rs, EventType::Warning, abort.reason.as_str(), "Reconcile", note)
+            .await;
+    }
+    let direction = status.progress.direction(pending_runs_goal);
     set_rollback_condition(p, status, direction);
+    if was_paused(status) && control != Control::Pause {
+        let note =
+            "Incremental upgrade resumed: rayshift.io/upgrade-control no longer says pause".to_string();
+        p.ctx
+            .event(p.rs, EventType::Normal, "UpgradeResumed", "Reconcile", note)
+            .await;
+    }
 
     let a = levels(status.active_service_status.as_ref(), Role::Active);
     let pl = levels(status.pending_service_status.as_ref(), Role::Pending);
-    let precise = status
-        .extra
-        .get(LAST_STEP_FIELD)
-        .and_then(Value::as_str)
-        .and_then(|t| t.parse::<Timestamp>().ok());
-    let last_step = precise.or_else(|| {
-        [
-            time(status.active_service_status.as_ref()),
-            time(status.pending_service_status.as_ref()),
-        ]
-        .into_iter()
-        .flatten()
-        .max()
-    });
     let observed = Observed {
         active: a,
         pending: pl,
@@ -292,20 +248,27 @@ async fn step(
             } else {
                 &mut status.pending_service_status
             };
+            let from = if role == Role::Active {
+                a.capacity
+            } else {
+                pl.capacity
+            };
             if let Some(s) = side.as_mut() {
                 s.target_capacity = Some(percent);
             }
+            let note = format!(
+                "Set target_capacity of {} RayCluster {ns}/{}: {from}% → {percent}%{}",
+                role.as_str(),
+                cluster.name_any(),
+                rolling_back(direction)
+            );
             p.ctx
                 .event(
                     p.rs,
                     EventType::Normal,
                     "UpdatedServeTargetCapacity",
                     "Update",
-                    format!(
-                        "Set target_capacity of {} RayCluster {ns}/{} to {percent}%",
-                        role.as_str(),
-                        cluster.name_any()
-                    ),
+                    note,
                 )
                 .await;
         }
@@ -319,9 +282,7 @@ async fn step(
             let waited = last_step.map(|t| written.duration_since(t).as_secs_f64());
             p.ctx.metrics.traffic_step(p.ns, &p.rs.name_any(), waited);
             let stamp = Some(Time(written));
-            status
-                .extra
-                .insert(LAST_STEP_FIELD.into(), Value::from(written.to_string()));
+            status.progress.last_traffic_step_time = Some(written);
             if let Some(s) = status.active_service_status.as_mut() {
                 s.traffic_routed_percent = Some(wa);
                 s.last_traffic_migrated_time = stamp.clone();
@@ -338,9 +299,12 @@ async fn step(
                     "UpdatedHTTPRoute",
                     "Update",
                     format!(
-                        "Moved traffic: {} {wa}%, {} {wp}%",
+                        "Moved traffic: {} {}% → {wa}%, {} {}% → {wp}%{}",
                         active.name_any(),
-                        pending.name_any()
+                        a.traffic,
+                        pending.name_any(),
+                        pl.traffic,
+                        rolling_back(direction)
                     ),
                 )
                 .await;
@@ -350,12 +314,9 @@ async fn step(
             promoted.target_capacity = Some(100);
             promoted.traffic_routed_percent = Some(100);
             status.active_service_status = Some(promoted);
-            status.extra.remove(LAST_PROGRESS_FIELD);
-            status.extra.remove(LAST_STEP_FIELD);
-            status.extra.remove(REJECTED_FIELD);
-            let took = crate::reconcile::upgrade_duration(status, p.now);
+            let took = status.progress.duration(p.now);
             p.ctx.metrics.upgrade(p.ns, &p.rs.name_any(), "completed", took);
-            status.extra.remove(crate::reconcile::UPGRADE_START_FIELD);
+            status.progress = UpgradeProgress::default();
             p.ctx
                 .event(
                     p.rs,
@@ -376,13 +337,15 @@ async fn step(
                 s.target_capacity = Some(100);
                 s.traffic_routed_percent = Some(100);
             }
-            if status.extra.remove(ABORT_FIELD).is_some()
-                && let Some(d) = pending_digest
-            {
-                status.extra.insert(REJECTED_FIELD.into(), Value::from(d));
-            }
-            status.extra.remove(LAST_PROGRESS_FIELD);
-            status.extra.remove(LAST_STEP_FIELD);
+            // An abort or a missed deadline rejects the spec the pending cluster ran; a spec change does not.
+            let (result, rejected) = match &status.progress.upgrade_abort {
+                Some(a) if a.reason == AbortReason::UpgradeAborted => ("aborted", pending_digest),
+                Some(_) => ("rolled_back", pending_digest),
+                None => ("rolled_back", status.progress.rejected_spec_digest.clone()),
+            };
+            let took = status.progress.duration(p.now);
+            p.ctx.metrics.upgrade(p.ns, &p.rs.name_any(), result, took);
+            status.progress = status.progress.finished(rejected);
             let conds = status.conditions.take().unwrap_or_default();
             status.conditions = Some(conditions::merge(
                 &conds,
@@ -405,12 +368,19 @@ async fn step(
                 .await;
         }
     }
-    status
-        .extra
-        .insert(LAST_PROGRESS_FIELD.into(), Value::from(p.now.to_string()));
+    if status.pending_service_status.is_some() {
+        status.progress.last_progress_time = Some(p.now);
+    }
     set_progressing(p, status, None);
     // Act again at once: the next decision needs fresh observations.
     Ok(Some(Duration::from_millis(20)))
+}
+
+fn rolling_back(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Forward => "",
+        Direction::Rollback => " (rolling back)",
+    }
 }
 
 fn generation(p: &Pass<'_>) -> i64 {
@@ -425,34 +395,11 @@ fn was_paused(status: &RayServiceStatuses) -> bool {
         .any(|c| c.type_ == PROGRESSING && c.reason == WaitReason::Paused.as_str())
 }
 
-async fn abort(p: &Pass<'_>, status: &mut RayServiceStatuses, reason: &str, message: &str) {
-    status.extra.insert(
-        ABORT_FIELD.into(),
-        json!({"reason": reason, "message": message, "time": p.now.to_string()}),
-    );
-    p.ctx
-        .event(
-            p.rs,
-            EventType::Warning,
-            reason,
-            "Reconcile",
-            format!("Rolling back the incremental upgrade: {message}"),
-        )
-        .await;
-}
-
 fn set_rollback_condition(p: &Pass<'_>, status: &mut RayServiceStatuses, direction: Direction) {
     let conds = status.conditions.take().unwrap_or_default();
     let merged = if direction == Direction::Rollback {
-        let (reason, message) = match status.extra.get(ABORT_FIELD) {
-            Some(a) => (
-                if a["reason"] == "ProgressDeadlineExceeded" {
-                    "ProgressDeadlineExceeded"
-                } else {
-                    "UpgradeAborted"
-                },
-                a["message"].as_str().unwrap_or("rolling back").to_string(),
-            ),
+        let (reason, message) = match &status.progress.upgrade_abort {
+            Some(a) => (a.reason.as_str(), a.message.clone()),
             None => (
                 "DesiredClusterSpecChanged",
                 "Goal state changed mid-upgrade, rolling back to original cluster.".to_string(),

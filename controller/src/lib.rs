@@ -1,8 +1,10 @@
 //! rayshift's RayService controller (kube-runtime): observe → plan (pure, in `rayshift-api`) → apply.
 
 pub mod children;
+pub mod cluster_records;
 pub mod dashboard;
 pub mod error;
+pub mod events;
 pub mod incremental;
 pub mod leader;
 pub mod metrics;
@@ -105,6 +107,30 @@ pub async fn run(
     Ok(())
 }
 
+fn forget_gone(ctx: &Context, listed: &reflector::Store<RayService>, event: &watcher::Event<RayService>) {
+    match event {
+        watcher::Event::Delete(rs) => {
+            let ns = rs.namespace().unwrap_or_default();
+            ctx.forget(&ns, &rs.name_any(), &rs.uid().unwrap_or_default());
+        }
+        watcher::Event::InitDone => {
+            let present: Vec<(String, String, String)> = listed
+                .state()
+                .iter()
+                .map(|rs| {
+                    (
+                        rs.namespace().unwrap_or_default(),
+                        rs.name_any(),
+                        rs.uid().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            ctx.forget_all_but(&present);
+        }
+        _ => {}
+    }
+}
+
 async fn run_controller(
     client: Client,
     namespace: Option<String>,
@@ -169,6 +195,22 @@ async fn run_controller(
             "Gateway API CRDs not found: NewClusterWithIncrementalUpgrade RayServices will wait with a condition"
         );
     }
+    // A deleted RayService is never reconciled, so its metric series and records are dropped here, on its
+    // delete event (or, after a re-list, when it is no longer listed). A watch of its own: kube-runtime's
+    // controller does not share its trigger stream without an unstable feature.
+    let (rayservices, rs_writer) = reflector::store::<RayService>();
+    let forget_ctx = ctx.clone();
+    let forget_task = tokio::spawn(
+        watcher(services.clone(), watcher::Config::default())
+            .default_backoff()
+            .reflect(rs_writer)
+            .for_each(move |event| {
+                if let Ok(event) = event {
+                    forget_gone(&forget_ctx, &rayservices, &event);
+                }
+                futures::future::ready(())
+            }),
+    );
     let mut controller = Controller::new(services, watcher::Config::default())
         .owns(api::<RayCluster>(&client, ns), owned.clone())
         .owns(api::<Service>(&client, ns), owned);
@@ -205,6 +247,7 @@ async fn run_controller(
         })
         .await;
     cache_task.abort();
+    forget_task.abort();
     tracing::info!("controller stopped");
     Ok(())
 }

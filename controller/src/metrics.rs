@@ -313,6 +313,29 @@ impl Metrics {
         self.capacity_changes.with_label_values(&[ns, name, role]).inc();
     }
 
+    /// Drops the series of every RayService not in `present` (namespace, name).
+    pub fn forget_services_except(&self, present: &std::collections::HashSet<(&str, &str)>) {
+        use prometheus::core::Collector;
+        let mut known = std::collections::BTreeSet::new();
+        for family in self.phase.collect() {
+            for m in family.get_metric() {
+                let label = |n: &str| {
+                    m.get_label()
+                        .iter()
+                        .find(|l| l.name() == n)
+                        .map(|l| l.value().to_string())
+                        .unwrap_or_default()
+                };
+                known.insert((label("namespace"), label("name")));
+            }
+        }
+        for (ns, name) in known {
+            if !present.contains(&(ns.as_str(), name.as_str())) {
+                self.forget_service(&ns, &name);
+            }
+        }
+    }
+
     /// Drops every series of a deleted RayService.
     pub fn forget_service(&self, ns: &str, name: &str) {
         for role in ROLES {

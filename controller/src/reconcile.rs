@@ -16,10 +16,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
-    runtime::{
-        controller::Action,
-        events::{Event, EventType, Recorder, Reporter},
-    },
+    runtime::controller::Action,
 };
 use rayshift_api::{
     FeatureGates, RayCluster, RayService, UpgradeType,
@@ -33,14 +30,17 @@ use rayshift_api::{
 };
 use rayshift_api::{
     observed::{self, Levels},
+    progress::UpgradeProgress,
     rayservice::KUBERAY_FINALIZER,
 };
 use serde_json::{Value, json};
 
 use crate::{
     children::{self, APPLIED_ANNOTATION, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_LABEL},
+    cluster_records::ClusterRecords,
     dashboard::{self, Dashboard, ServeStatus},
     error::{Error, Result},
+    events::{EventLog, EventType, Occurrence},
     metrics::Metrics,
 };
 
@@ -98,17 +98,14 @@ impl Default for ControllerOptions {
 /// Shared by every reconcile.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: EventLog,
     pub dashboard: Dashboard,
     pub options: ControllerOptions,
     pub metrics: Metrics,
-    /// Serve config last pushed, per `(namespace, cluster)`: push only on change.
-    pub serve_cache: Mutex<HashMap<(String, String), String>>,
+    /// Serve config last pushed and proxy health, per cluster, grouped by owner uid.
+    records: Mutex<ClusterRecords>,
     /// Whether the Gateway API (HTTPRoute) is served by this cluster.
     pub gateway_api: std::sync::atomic::AtomicBool,
-    /// Failed Serve proxy health checks in a row, per cluster's head (namespace, cluster); pruned with
-    /// `serve_cache`.
-    pub proxy_failures: Mutex<HashMap<(String, String), u32>>,
     /// Last levels seen of each RayService someone else runs (by uid), to tell what changed.
     observed: Mutex<HashMap<String, Levels>>,
     started: Timestamp,
@@ -116,19 +113,14 @@ pub struct Context {
 
 impl Context {
     pub fn new(client: Client, dashboard: Dashboard, options: ControllerOptions, metrics: Metrics) -> Self {
-        let reporter = Reporter {
-            controller: "rayshift".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: EventLog::new(client.clone(), "rayshift", std::env::var("POD_NAME").ok()),
             client,
             dashboard,
             options,
             metrics,
-            serve_cache: Mutex::new(HashMap::new()),
+            records: Mutex::new(ClusterRecords::default()),
             gateway_api: std::sync::atomic::AtomicBool::new(false),
-            proxy_failures: Mutex::new(HashMap::new()),
             observed: Mutex::new(HashMap::new()),
             started: Timestamp::now(),
         }
@@ -170,12 +162,33 @@ impl Context {
         self.observed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u32>> {
-        self.proxy_failures.lock().unwrap_or_else(|e| e.into_inner())
+    fn records(&self) -> std::sync::MutexGuard<'_, ClusterRecords> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), String>> {
-        self.serve_cache.lock().unwrap_or_else(|p| p.into_inner())
+    /// Drops everything kept about a RayService that is gone: its metric series, what was observed of it and
+    /// the records of its clusters.
+    pub fn forget(&self, ns: &str, name: &str, uid: &str) {
+        self.metrics.forget_service(ns, name);
+        self.observed_levels().remove(uid);
+        self.records().forget_owner(uid);
+        self.events.forget(uid);
+    }
+
+    /// After a re-list: forgets every RayService that is no longer there (its delete event may have been
+    /// missed while the watch was down).
+    pub fn forget_all_but(&self, present: &[(String, String, String)]) {
+        let uids: std::collections::HashSet<&str> = present.iter().map(|(_, _, u)| u.as_str()).collect();
+        let names: std::collections::HashSet<(&str, &str)> =
+            present.iter().map(|(n, s, _)| (n.as_str(), s.as_str())).collect();
+        self.metrics.forget_services_except(&names);
+        self.observed_levels()
+            .retain(|uid, _| uids.contains(uid.as_str()));
+        for owner in self.records().owners() {
+            if !uids.contains(owner.as_str()) {
+                self.records().forget_owner(&owner);
+            }
+        }
     }
 
     pub(crate) async fn event(
@@ -186,15 +199,14 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        let ev = Event {
+        let occurrence = Occurrence {
             type_,
             reason: reason.into(),
-            note: Some(note),
             action: action.into(),
-            secondary: None,
+            note,
         };
         self.metrics.api_write("Event", "create");
-        if let Err(error) = self.recorder.publish(&ev, &rs.object_ref(&())).await {
+        if let Err(error) = self.events.publish(&rs.object_ref(&()), occurrence).await {
             tracing::warn!(%error, reason, "event not recorded");
         }
     }
@@ -238,10 +250,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     release_kuberay_finalizer(&rs, &ctx).await?;
     if rs.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove clusters and Services.
-        let own = |(n, c): &(String, String)| n == &ns && c.starts_with(&format!("{}-", rs.name_any()));
-        ctx.cache().retain(|k, _| !own(k));
-        ctx.failures().retain(|k, _| !own(k));
-        ctx.metrics.forget_service(&ns, &rs.name_any());
+        ctx.forget(&ns, &rs.name_any(), &rs.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     let now = Timestamp::now();
@@ -351,14 +360,12 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         }
     }
     // Clusters no longer active or pending need neither their config record nor their health count.
-    let keep = |(n, c): &(String, String)| {
-        n != &ns
-            || !seen.contains_key(c)
-            || Some(c) == decision.active.as_ref()
-            || Some(c) == decision.pending.as_ref()
-    };
-    ctx.cache().retain(|k, _| keep(k));
-    ctx.failures().retain(|k, _| keep(k));
+    let current: Vec<&str> = [&decision.active, &decision.pending]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    ctx.records().keep_only(&rs.uid().unwrap_or_default(), &current);
 
     if let Some(p) = &decision.promoted {
         let from = active_name.clone().unwrap_or_else(|| "none".into());
@@ -468,6 +475,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
 pub fn validation_config(options: &ControllerOptions) -> ValidationConfig {
     let mut config = ValidationConfig {
         feature_gates: options.feature_gates.clone(),
+        progress_deadline_seconds: options.progress_deadline_seconds,
         ..ValidationConfig::default()
     };
     if !config.managed_by_values.contains(&options.managed_by) {
@@ -642,16 +650,15 @@ async fn update_head_serve_label(
             }
             None => false,
         };
-        let key = (ns.to_string(), cluster.to_string());
-        let mut failures = ctx.failures();
+        let owner = rs.uid().unwrap_or_default();
+        let mut records = ctx.records();
         if healthy {
-            failures.remove(&key);
+            records.proxy_healthy(&owner, cluster);
             true
         } else {
             failing = true;
-            let n = failures.entry(key).or_insert(0);
-            *n += 1;
-            current == Some("true") && *n < FAILURES_BEFORE_REMOVAL
+            let n = records.proxy_failed(&owner, cluster);
+            current == Some("true") && n < FAILURES_BEFORE_REMOVAL
         }
     };
     let want = if want { "true" } else { "false" };
@@ -819,7 +826,7 @@ async fn apply_cluster_actions(
                     EventType::Normal,
                     "UpdatedRayCluster",
                     "Update",
-                    format!("Updated min/max replicas of RayCluster {ns}/{name}"),
+                    format!("Updated worker replicas of RayCluster {ns}/{name} in place"),
                 )
                 .await;
             }
@@ -887,18 +894,24 @@ fn current_replicas(cluster: &RayCluster) -> BTreeMap<String, Value> {
         .collect()
 }
 
-/// min/max replicas from the spec onto the existing groups (the list is replaced whole by a merge patch).
+/// min/max replicas from the spec onto the existing groups, and `replicas` too when no autoscaler owns it
+/// (the list is replaced whole by a merge patch).
 fn scale_patch(rs: &RayService, cluster: &RayCluster) -> Value {
-    let goal: BTreeMap<&str, _> = rs
-        .spec
-        .ray_cluster_config
+    let config = &rs.spec.ray_cluster_config;
+    let goal: BTreeMap<&str, _> = config
         .worker_groups()
         .iter()
-        .map(|g| (g.group_name.as_str(), (g.min_replicas, g.max_replicas)))
+        .map(|g| {
+            (
+                g.group_name.as_str(),
+                (g.min_replicas, g.max_replicas, g.replicas),
+            )
+        })
         .collect();
+    let replicas_too = !config.autoscaling_enabled();
     let mut groups = serde_json::to_value(cluster.spec.worker_groups()).unwrap_or(Value::Array(Vec::new()));
     for g in groups.as_array_mut().into_iter().flatten() {
-        let Some((min, max)) = g
+        let Some((min, max, replicas)) = g
             .get("groupName")
             .and_then(Value::as_str)
             .and_then(|n| goal.get(n))
@@ -908,6 +921,9 @@ fn scale_patch(rs: &RayService, cluster: &RayCluster) -> Value {
         };
         g["minReplicas"] = min.map_or(Value::Null, Value::from);
         g["maxReplicas"] = max.map_or(Value::Null, Value::from);
+        if replicas_too && let Some(r) = replicas {
+            g["replicas"] = Value::from(r);
+        }
     }
     let digests = SpecDigests::of(&rs.spec.ray_cluster_config);
     json!({"metadata": {"annotations": {SCALE_HASH_ANNOTATION: digests.scale}}, "spec": {"workerGroupSpecs": groups}})
@@ -961,16 +977,16 @@ async fn push_serve_config(
 ) -> Result<bool> {
     let name = cluster.name_any();
     let text = rs.spec.serve_config_v2.clone().unwrap_or_default();
-    let key = (ns.to_string(), name.clone());
-    let cached = ctx.cache().get(&key).cloned();
+    let owner = rs.uid().unwrap_or_default();
+    let unchanged = ctx.records().pushed_config(&owner, &name) == Some(text.as_str());
     let has_apps = serve.is_some_and(|s| !s.applications.is_empty());
-    if cached.as_deref() == Some(text.as_str()) && has_apps {
+    if unchanged && has_apps {
         return Ok(false);
     }
     let config = dashboard::serve_config_json(&text, target_capacity)?;
     match ctx.dashboard.put_config(ns, &name, &config).await {
         Ok(()) => {
-            ctx.cache().insert(key, text.clone());
+            ctx.records().set_pushed_config(&owner, &name, &text);
             if cluster.annotations().get(SERVE_CONFIG_ANNOTATION) != Some(&text) {
                 let patch = json!({"metadata": {"annotations": {SERVE_CONFIG_ANNOTATION: text}}});
                 ctx.metrics.api_write("RayCluster", "patch");
@@ -1206,9 +1222,6 @@ pub(crate) fn merge_patch(old: &Value, new: &Value) -> Value {
     }
 }
 
-/// When an upgrade started, in status (so its duration survives a restart).
-pub const UPGRADE_START_FIELD: &str = "upgradeStartTime";
-
 /// Counts upgrades started (a new pending cluster beside an active one) and, for blue/green, completed.
 fn record_upgrade_outcomes(
     rs: &RayService,
@@ -1227,26 +1240,13 @@ fn record_upgrade_outcomes(
             .any(|a| matches!(a, ClusterAction::Create { .. }));
     if started {
         ctx.metrics.upgrade(&ns, &name, "started", None);
-        status
-            .extra
-            .insert(UPGRADE_START_FIELD.into(), Value::from(now.to_string()));
+        status.progress.upgrade_start_time = Some(now);
     }
     if !incremental && decision.promoted.is_some() && had_active {
-        let took = upgrade_duration(status, now);
+        let took = status.progress.duration(now);
         ctx.metrics.upgrade(&ns, &name, "completed", took);
-        status.extra.remove(UPGRADE_START_FIELD);
+        status.progress = UpgradeProgress::default();
     }
-}
-
-/// Seconds since the upgrade recorded in status started.
-pub fn upgrade_duration(status: &RayServiceStatuses, now: Timestamp) -> Option<f64> {
-    let start = status
-        .extra
-        .get(UPGRADE_START_FIELD)?
-        .as_str()?
-        .parse::<Timestamp>()
-        .ok()?;
-    Some(now.duration_since(start).as_secs_f64())
 }
 
 fn service_view(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) -> crate::metrics::ServiceView {

@@ -10,7 +10,7 @@ use prometheus::Registry;
 use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER};
 use rayshift_controller::{ControllerOptions, Mode, dashboard};
 
-use super::{CliError, GateArgs, logging::LogArgs, runtime, serve_metrics, shutdown, webhook};
+use super::{CliError, DeadlineArgs, GateArgs, logging::LogArgs, runtime, serve_metrics, shutdown, webhook};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum ModeArg {
@@ -56,10 +56,6 @@ pub struct ControllerArgs {
     /// Move traffic without waiting for Gateway/HTTPRoute status (Gateway controllers that publish none).
     #[arg(long)]
     skip_gateway_status_check: bool,
-    /// Roll an incremental upgrade back when no step succeeded for this long (annotation
-    /// rayshift.io/progress-deadline-seconds overrides it).
-    #[arg(long, default_value_t = 600)]
-    progress_deadline_seconds: i64,
     /// Reconcile only while holding a coordination.k8s.io Lease (run several replicas safely).
     #[arg(long)]
     leader_elect: bool,
@@ -72,7 +68,7 @@ pub struct ControllerArgs {
 }
 
 impl ControllerArgs {
-    fn options(&self, gates: FeatureGates, managed_by: &str) -> ControllerOptions {
+    fn options(&self, gates: FeatureGates, managed_by: &str, deadline: &DeadlineArgs) -> ControllerOptions {
         ControllerOptions {
             managed_by: managed_by.to_string(),
             mode: match self.mode {
@@ -83,14 +79,19 @@ impl ControllerArgs {
             serve_poll_interval: Duration::from_secs_f64(self.serve_poll_interval_seconds.max(0.05)),
             resync_interval: Duration::from_secs_f64(self.resync_interval_seconds.max(1.0)),
             skip_gateway_status_check: self.skip_gateway_status_check,
-            progress_deadline_seconds: self.progress_deadline_seconds.max(1),
+            progress_deadline_seconds: deadline.progress_deadline_seconds,
             serve_health_url_template: self.serve_health_url_template.clone(),
             serve_health_interval: Duration::from_secs_f64(self.serve_health_interval_seconds.max(0.5)),
             ..ControllerOptions::default()
         }
     }
 
-    fn run_config(&self, gates: FeatureGates, managed_by: &str) -> rayshift_controller::RunConfig {
+    fn run_config(
+        &self,
+        gates: FeatureGates,
+        managed_by: &str,
+        deadline: &DeadlineArgs,
+    ) -> rayshift_controller::RunConfig {
         let leader_election = self.leader_elect.then(|| {
             let ns = self
                 .leader_election_namespace
@@ -106,7 +107,7 @@ impl ControllerArgs {
         });
         rayshift_controller::RunConfig {
             namespace: self.namespace.clone(),
-            options: self.options(gates, managed_by),
+            options: self.options(gates, managed_by, deadline),
             dashboard_route: self.route(),
             dashboard_timeout: Duration::from_secs_f64(self.dashboard_timeout_seconds.max(0.1)),
             leader_election,
@@ -144,6 +145,8 @@ pub struct Command {
     managed_by: String,
     #[command(flatten)]
     gates: GateArgs,
+    #[command(flatten)]
+    deadline: DeadlineArgs,
     /// Plain-HTTP address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080", env = "RAYSHIFT_METRICS_ADDR")]
     metrics_addr: SocketAddr,
@@ -158,7 +161,9 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
         let shutdown = shutdown::on_signal();
         let client = cmd.controller.client().await?;
         let admin_task = serve_metrics(cmd.metrics_addr, &registry, Arc::new(|| true), &shutdown).await?;
-        let config = cmd.controller.run_config(cmd.gates.gates(), &cmd.managed_by);
+        let config = cmd
+            .controller
+            .run_config(cmd.gates.gates(), &cmd.managed_by, &cmd.deadline);
         rayshift_controller::run(client, config, &registry, shutdown).await?;
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
@@ -188,9 +193,11 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
         let hook = rayshift_webhook::Webhook::bind(webhook_options, &registry).await?;
         let admin_task = serve_metrics(cmd.metrics_addr, &registry, hook.readiness(), &shutdown).await?;
         let hook_task = tokio::spawn(hook.run(shutdown.clone()));
-        let config = cmd
-            .controller
-            .run_config(cmd.webhook.gates.gates(), &cmd.webhook.managed_by);
+        let config = cmd.controller.run_config(
+            cmd.webhook.gates.gates(),
+            &cmd.webhook.managed_by,
+            &cmd.webhook.deadline,
+        );
         rayshift_controller::run(client, config, &registry, shutdown).await?;
         hook_task
             .await

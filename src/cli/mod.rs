@@ -197,6 +197,16 @@ impl GateArgs {
     }
 }
 
+/// The progress deadline: the controller rolls back after it, and the webhook warns about pacing that
+/// reaches it, so both read the same flag.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DeadlineArgs {
+    /// Roll an incremental upgrade back when it makes no progress for this many seconds after a step is due
+    /// (annotation rayshift.io/progress-deadline-seconds overrides it).
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(i64).range(1..))]
+    pub progress_deadline_seconds: i64,
+}
+
 fn read(path: &std::path::Path) -> Result<String, CliError> {
     let shown = path.display().to_string();
     if shown == "-" {

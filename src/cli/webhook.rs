@@ -6,7 +6,9 @@ use prometheus::Registry;
 use rayshift_api::{rayservice::RAYSHIFT_MANAGER, validation::ValidationConfig};
 use rayshift_webhook::{Webhook, WebhookOptions, admission::AdmissionConfig, server::ServerSettings};
 
-use super::{CliError, DefaultsArgs, GateArgs, logging::LogArgs, runtime, serve_metrics, shutdown};
+use super::{
+    CliError, DeadlineArgs, DefaultsArgs, GateArgs, logging::LogArgs, runtime, serve_metrics, shutdown,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -35,12 +37,15 @@ pub struct Args {
     pub managed_by: String,
     #[command(flatten)]
     pub defaults: DefaultsArgs,
+    #[command(flatten)]
+    pub deadline: DeadlineArgs,
 }
 
 impl Args {
     pub fn options(&self) -> Result<WebhookOptions, CliError> {
         let mut validation = ValidationConfig {
             feature_gates: self.gates.gates(),
+            progress_deadline_seconds: self.deadline.progress_deadline_seconds,
             ..ValidationConfig::default()
         };
         if !validation.managed_by_values.contains(&self.managed_by) {

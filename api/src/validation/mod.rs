@@ -67,6 +67,8 @@ pub struct ValidationConfig {
     pub feature_gates: FeatureGates,
     /// `spec.managedBy` values that are accepted (KubeRay's two plus rayshift's own).
     pub managed_by_values: Vec<String>,
+    /// The controller's progress deadline when a RayService sets none (its `--progress-deadline`).
+    pub progress_deadline_seconds: i64,
 }
 
 impl Default for ValidationConfig {
@@ -78,6 +80,7 @@ impl Default for ValidationConfig {
                 crate::rayservice::MULTIKUEUE_MANAGER.to_string(),
                 RAYSHIFT_MANAGER.to_string(),
             ],
+            progress_deadline_seconds: crate::upgrade_control::DEFAULT_PROGRESS_DEADLINE_SECONDS,
         }
     }
 }

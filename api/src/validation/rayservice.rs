@@ -14,6 +14,7 @@ use crate::{
     RayService,
     feature_gates::RAY_SERVICE_INCREMENTAL_UPGRADE,
     rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
+    upgrade_control::{self, PROGRESS_DEADLINE_ANNOTATION},
 };
 
 /// KubeRay keeps `<name>-<5 chars>` and `-serve-svc` inside 63 characters.
@@ -204,6 +205,14 @@ fn metadata(rs: &RayService, annotations: &BTreeMap<String, String>, v: &mut Ver
                  with an alphanumeric character",
             ));
         }
+    }
+    if let Some(raw) = upgrade_control::invalid_progress_deadline(annotations) {
+        v.error(FieldError::invalid(
+            format!("metadata.annotations[{PROGRESS_DEADLINE_ANNOTATION}]"),
+            raw,
+            "progress-deadline",
+            "must be a positive whole number of seconds",
+        ));
     }
     if let Some(raw) = annotations.get(INITIALIZING_TIMEOUT)
         && let Err(msg) = initializing_timeout(raw)
@@ -440,7 +449,10 @@ fn upgrade_strategy(rs: &RayService, cfg: &ValidationConfig, v: &mut Verdict) {
             "options-required",
             "ClusterUpgradeOptions are required for NewClusterWithIncrementalUpgrade",
         )),
-        Some(o) => incremental_options(rs, o, v),
+        Some(o) => {
+            incremental_options(rs, o, v);
+            interval_against_deadline(rs, o, cfg, v);
+        }
     }
 }
 
@@ -543,6 +555,30 @@ fn incremental_options(rs: &RayService, o: &ClusterUpgradeOptions, v: &mut Verdi
     }
     if surge_ok {
         surge::check(&rs.spec.ray_cluster_config, surge, &surge_field, v);
+    }
+}
+
+/// A deadline no longer than the interval used to roll every upgrade back after its first step; now the
+/// deadline counts from each step's due instant, and the user is told so.
+fn interval_against_deadline(
+    rs: &RayService,
+    o: &ClusterUpgradeOptions,
+    cfg: &ValidationConfig,
+    v: &mut Verdict,
+) {
+    let empty = BTreeMap::new();
+    let annotations = rs.metadata.annotations.as_ref().unwrap_or(&empty);
+    let deadline = upgrade_control::progress_deadline(annotations, cfg.progress_deadline_seconds);
+    if let Some(i) = o.interval_seconds.filter(|i| i64::from(*i) >= deadline) {
+        v.warn(
+            format!("{}.intervalSeconds", path::OPTIONS),
+            "interval-reaches-progress-deadline",
+            format!(
+                "intervalSeconds {i} is not shorter than the progress deadline ({deadline} s): the deadline \
+                 counts from the instant each step is due, so a step that cannot be made within {deadline} s \
+                 of that instant rolls the upgrade back"
+            ),
+        );
     }
 }
 

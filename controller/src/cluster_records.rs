@@ -1,0 +1,104 @@
+//! What the controller remembers about each RayCluster between passes: the Serve config it last pushed there
+//! (push only on change) and its head's failed Serve proxy checks in a row.
+//!
+//! Records are grouped by the owning RayService's uid, never by name prefix: `llm` and `llm-v2` have
+//! clusters `llm-xxxxx` and `llm-v2-xxxxx`, and forgetting one RayService must not touch the other's.
+
+use std::collections::HashMap;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct ClusterRecord {
+    pushed_config: Option<String>,
+    proxy_failures: u32,
+}
+
+/// Records of every cluster, by owner uid, then cluster name.
+#[derive(Debug, Default)]
+pub struct ClusterRecords {
+    by_owner: HashMap<String, HashMap<String, ClusterRecord>>,
+}
+
+impl ClusterRecords {
+    fn record(&mut self, owner: &str, cluster: &str) -> &mut ClusterRecord {
+        self.by_owner
+            .entry(owner.to_string())
+            .or_default()
+            .entry(cluster.to_string())
+            .or_default()
+    }
+
+    pub fn pushed_config(&self, owner: &str, cluster: &str) -> Option<&str> {
+        self.by_owner.get(owner)?.get(cluster)?.pushed_config.as_deref()
+    }
+
+    pub fn set_pushed_config(&mut self, owner: &str, cluster: &str, config: &str) {
+        self.record(owner, cluster).pushed_config = Some(config.to_string());
+    }
+
+    /// Counts one more failed proxy check; returns the failures in a row.
+    pub fn proxy_failed(&mut self, owner: &str, cluster: &str) -> u32 {
+        let r = self.record(owner, cluster);
+        r.proxy_failures += 1;
+        r.proxy_failures
+    }
+
+    pub fn proxy_healthy(&mut self, owner: &str, cluster: &str) {
+        if let Some(r) = self.by_owner.get_mut(owner).and_then(|c| c.get_mut(cluster)) {
+            r.proxy_failures = 0;
+        }
+    }
+
+    /// Keeps only the records of `clusters` (the active and pending ones) of this owner.
+    pub fn keep_only(&mut self, owner: &str, clusters: &[&str]) {
+        if let Some(records) = self.by_owner.get_mut(owner) {
+            records.retain(|name, _| clusters.contains(&name.as_str()));
+        }
+    }
+
+    /// Forgets every cluster of a RayService that is gone (or no longer rayshift's).
+    pub fn forget_owner(&mut self, owner: &str) {
+        self.by_owner.remove(owner);
+    }
+
+    /// Owners with records (for pruning after a re-list).
+    pub fn owners(&self) -> Vec<String> {
+        self.by_owner.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClusterRecords;
+
+    #[test]
+    fn forgetting_llm_keeps_llm_v2() {
+        let mut r = ClusterRecords::default();
+        r.set_pushed_config("uid-llm", "llm-abcde", "a");
+        r.set_pushed_config("uid-llm-v2", "llm-v2-fghij", "b");
+        assert_eq!(r.proxy_failed("uid-llm-v2", "llm-v2-fghij"), 1);
+        assert_eq!(r.proxy_failed("uid-llm-v2", "llm-v2-fghij"), 2);
+        r.forget_owner("uid-llm");
+        assert_eq!(r.pushed_config("uid-llm", "llm-abcde"), None);
+        assert_eq!(r.pushed_config("uid-llm-v2", "llm-v2-fghij"), Some("b"));
+        assert_eq!(
+            r.proxy_failed("uid-llm-v2", "llm-v2-fghij"),
+            3,
+            "failures kept too"
+        );
+        r.proxy_healthy("uid-llm-v2", "llm-v2-fghij");
+        assert_eq!(r.proxy_failed("uid-llm-v2", "llm-v2-fghij"), 1);
+    }
+
+    #[test]
+    fn keep_only_prunes_one_owner() {
+        let mut r = ClusterRecords::default();
+        r.set_pushed_config("a", "a-1", "x");
+        r.set_pushed_config("a", "a-2", "y");
+        r.set_pushed_config("b", "a-1", "z");
+        r.keep_only("a", &["a-2"]);
+        assert_eq!(r.pushed_config("a", "a-1"), None);
+        assert_eq!(r.pushed_config("a", "a-2"), Some("y"));
+        assert_eq!(r.pushed_config("b", "a-1"), Some("z"));
+        assert_eq!(r.owners().len(), 2);
+    }
+}
