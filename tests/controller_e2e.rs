@@ -550,15 +550,24 @@ async fn deleting_the_rayservice_removes_what_rayshift_created() {
         (clusters.is_empty() && services.is_empty()).then_some(())
     })
     .await;
-    env.eventually("series of the deleted RayService gone", 30, || async {
-        (!env
-            .controller
+    let left = || -> Vec<String> {
+        env.controller
             .metrics()
             .lines()
-            .any(|l| !l.starts_with('#') && l.contains(&series)))
-        .then_some(())
-    })
-    .await;
+            .filter(|l| !l.starts_with('#') && l.contains(&series))
+            .map(str::to_string)
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !left().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        left().is_empty(),
+        "series of the deleted RayService stayed: {:#?}\n{}",
+        left(),
+        support::wait::tail(&env.controller.logs(), 30)
+    );
 }
 
 /// Records are kept per owner: deleting `llm` (foreground, so it is reconciled while it goes) must not make

@@ -111,6 +111,7 @@ fn forget_gone(ctx: &Context, listed: &reflector::Store<RayService>, event: &wat
     match event {
         watcher::Event::Delete(rs) => {
             let ns = rs.namespace().unwrap_or_default();
+            tracing::info!(rayservice = %rs.name_any(), namespace = %ns, "deleted: its series and records are dropped");
             ctx.forget(&ns, &rs.name_any(), &rs.uid().unwrap_or_default());
         }
         watcher::Event::InitDone => {

@@ -108,6 +108,9 @@ pub struct Context {
     pub gateway_api: std::sync::atomic::AtomicBool,
     /// Last levels seen of each RayService someone else runs (by uid), to tell what changed.
     observed: Mutex<HashMap<String, Levels>>,
+    /// RayServices deleted lately (uid → when): a pass that began before the delete must not publish
+    /// their series again after they were dropped.
+    deleted: Mutex<HashMap<String, Timestamp>>,
     started: Timestamp,
 }
 
@@ -122,6 +125,7 @@ impl Context {
             records: Mutex::new(ClusterRecords::default()),
             gateway_api: std::sync::atomic::AtomicBool::new(false),
             observed: Mutex::new(HashMap::new()),
+            deleted: Mutex::new(HashMap::new()),
             started: Timestamp::now(),
         }
     }
@@ -142,7 +146,7 @@ impl Context {
         }
         let status = rs.status.clone().unwrap_or_default();
         let view = service_view(rs, &status, Timestamp::now());
-        self.metrics.observe_service(&ns, &name, &status, &view);
+        self.publish_metrics(rs, &status, &view);
         let now = Levels::of(&status);
         // A RayService older than this controller is told from its first change on (a restarted controller
         // does not repeat what happened before it); a newer one from its creation.
@@ -158,6 +162,26 @@ impl Context {
         }
     }
 
+    /// The RayService's series, unless it was deleted meanwhile.
+    fn publish_metrics(
+        &self,
+        rs: &RayService,
+        status: &RayServiceStatuses,
+        view: &crate::metrics::ServiceView,
+    ) {
+        let uid = rs.uid().unwrap_or_default();
+        if self
+            .deleted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&uid)
+        {
+            return;
+        }
+        let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
+        self.metrics.observe_service(&ns, &name, status, view);
+    }
+
     fn observed_levels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Levels>> {
         self.observed.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -169,6 +193,12 @@ impl Context {
     /// Drops everything kept about a RayService that is gone: its metric series, what was observed of it and
     /// the records of its clusters.
     pub fn forget(&self, ns: &str, name: &str, uid: &str) {
+        {
+            let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Timestamp::now();
+            deleted.retain(|_, at| now.duration_since(*at) < SignedDuration::from_mins(10));
+            deleted.insert(uid.to_string(), now);
+        }
         self.metrics.forget_service(ns, name);
         self.observed_levels().remove(uid);
         self.records().forget_owner(uid);
@@ -228,8 +258,24 @@ struct Seen {
 
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
-    if !ctx.owns(&cached) {
-        ctx.observe(&cached).await;
+    let result = pass(&cached, &ctx).await;
+    // Deleted while this pass ran: whatever it counted is dropped again.
+    let uid = cached.uid().unwrap_or_default();
+    if ctx
+        .deleted
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains_key(&uid)
+    {
+        ctx.metrics
+            .forget_service(&cached.namespace().unwrap_or_default(), &cached.name_any());
+    }
+    result
+}
+
+async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
+    if !ctx.owns(cached) {
+        ctx.observe(cached).await;
         return Ok(Action::await_change());
     }
     // Handed over from KubeRay: observing it ends.
@@ -247,7 +293,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     if !ctx.owns(&rs) {
         return Ok(Action::await_change());
     }
-    release_kuberay_finalizer(&rs, &ctx).await?;
+    release_kuberay_finalizer(&rs, ctx).await?;
     if rs.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove clusters and Services.
         ctx.forget(&ns, &rs.name_any(), &rs.uid().unwrap_or_default());
@@ -258,13 +304,13 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
 
     let verdict = validation::validate(&rs, None, &validation_config(&ctx.options));
     if !verdict.allowed() {
-        return invalid(&rs, &ctx, &previous, &verdict.denial_message()).await;
+        return invalid(&rs, ctx, &previous, &verdict.denial_message()).await;
     }
 
     let incremental = rs.spec.upgrade_type() == Some(UpgradeType::NewClusterWithIncrementalUpgrade)
         && ctx.options.feature_gates.incremental_upgrade();
-    if incremental && !gateway_api_available(&ctx, &ns).await {
-        return gateway_api_missing(&rs, &ctx, &previous).await;
+    if incremental && !gateway_api_available(ctx, &ns).await {
+        return gateway_api_missing(&rs, ctx, &previous).await;
     }
     let clusters_api: Api<RayCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let listed = clusters_api
@@ -307,7 +353,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
             },
         );
     }
-    adopt_kuberay_clusters(&rs, &ctx, &clusters_api, &goal, &mut seen).await?;
+    adopt_kuberay_clusters(&rs, ctx, &clusters_api, &goal, &mut seen).await?;
 
     let facts = Facts {
         strategy: rs.spec.upgrade_type().unwrap_or(UpgradeType::NewCluster),
@@ -324,7 +370,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
             .flatten(),
     };
     let decision = lifecycle::decide(&facts);
-    apply_cluster_actions(&rs, &ctx, &clusters_api, &decision, &seen, incremental).await?;
+    apply_cluster_actions(&rs, ctx, &clusters_api, &decision, &seen, incremental).await?;
 
     // Serve config goes only to the clusters built from the current spec.
     let mut pushed = false;
@@ -337,7 +383,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
             let capacity = incremental
                 .then(|| target_capacity(&previous, target, decision.active.is_none()))
                 .flatten();
-            pushed |= push_serve_config(&rs, &ctx, &ns, &s.cluster, capacity, s.serve.as_ref()).await?;
+            pushed |= push_serve_config(&rs, ctx, &ns, &s.cluster, capacity, s.serve.as_ref()).await?;
         }
     }
     let mut proxy_failing = false;
@@ -349,14 +395,14 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
             .and_then(|s| Some((s, s.head_pod.as_ref()?)))
         {
             proxies_checked = true;
-            proxy_failing |= update_head_serve_label(&rs, &ctx, &ns, &s.cluster.name_any(), pod).await?;
+            proxy_failing |= update_head_serve_label(&rs, ctx, &ns, &s.cluster.name_any(), pod).await?;
         }
     }
     if let Some(target) = &decision.serve_target {
-        apply_child::<Service>(&ctx, &ns, children::head_service(&rs, target)).await?;
+        apply_child::<Service>(ctx, &ns, children::head_service(&rs, target)).await?;
         // Incremental mode routes through the Gateway to per-cluster serve Services instead.
         if !incremental {
-            apply_child::<Service>(&ctx, &ns, children::serve_service(&rs, target)).await?;
+            apply_child::<Service>(ctx, &ns, children::serve_service(&rs, target)).await?;
         }
     }
     // Clusters no longer active or pending need neither their config record nor their health count.
@@ -398,7 +444,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         let (a, p) = (cluster(&decision.active), cluster(&decision.pending));
         let pass = crate::incremental::Pass {
             rs: &rs,
-            ctx: &ctx,
+            ctx,
             ns: &ns,
             active: a.map(|s| &s.cluster),
             pending: p.map(|s| &s.cluster),
@@ -411,17 +457,16 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     }
     record_upgrade_outcomes(
         &rs,
-        &ctx,
+        ctx,
         &decision,
         active_name.is_some(),
         incremental,
         &mut status,
         now,
     );
-    ctx.metrics
-        .observe_service(&ns, &rs.name_any(), &status, &service_view(&rs, &status, now));
+    ctx.publish_metrics(&rs, &status, &service_view(&rs, &status, now));
     if conditions::status_changed(Some(&previous), &status) {
-        write_status(&rs, &ctx, &status).await?;
+        write_status(&rs, ctx, &status).await?;
     }
     if let Some(problem) = &dashboard_problem {
         let before = previous
