@@ -488,6 +488,8 @@ async fn dashboard_down_is_a_condition_and_an_event_then_recovers() {
         .map(|c| env.dashboard.get(&env.ns, c).gets)
         .sum::<usize>();
     assert!(gets >= 2, "retried");
+    // The dashboard's error counter (each failed attempt) is what its panel shows.
+    assert!(env.controller.counter_sum("rayshift_ray_dashboard_errors_total") >= 2.0);
     for c in env.dashboard.clusters(&env.ns) {
         env.dashboard.with(&env.ns, &c, |s| s.down = false);
     }

@@ -374,6 +374,27 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
     for reason in ["UpdatedServeTargetCapacity", "UpdatedHTTPRoute", "Promoted"] {
         assert!(events.iter().any(|e| e == reason), "{reason} missing: {events:?}");
     }
+    // The counters the dashboard shows agree with what happened.
+    let text = controller.metrics();
+    let labels = format!("name=\"llm\",namespace=\"{}\"", env.ns);
+    let counter = |series: String| support::webhook::metric(&text, &series);
+    assert_eq!(counter(format!("rayshift_traffic_steps_total{{{labels}}}")), 20.0);
+    for role in ["active", "pending"] {
+        let series = format!("rayshift_capacity_changes_total{{{labels},role=\"{role}\"}}");
+        assert_eq!(counter(series), 5.0, "{role}");
+    }
+    assert_eq!(
+        counter(format!(
+            "rayshift_upgrades_total{{{labels},result=\"completed\"}}"
+        )),
+        1.0
+    );
+    assert_eq!(
+        counter(format!(
+            "rayshift_upgrade_duration_seconds_count{{{labels},result=\"completed\"}}"
+        )),
+        1.0
+    );
     // Every step is its own Event with the weights it moved, none folded into another's series.
     let steps = env.event_notes("UpdatedHTTPRoute");
     assert_eq!(steps.len(), 20, "{steps:#?}");

@@ -670,6 +670,11 @@ async fn slow_requests_time_out_with_408() {
     let reply = String::from_utf8_lossy(&reply[..n]).to_string();
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(started.elapsed() < Duration::from_secs(3));
+    let counted = metric(
+        &s.webhook.metrics(),
+        "rayshift_admission_bad_requests_total{code=\"408\"}",
+    );
+    assert_eq!(counted, 1.0, "the 408 is counted");
 }
 
 /// `# key: value` header of a rule fixture.

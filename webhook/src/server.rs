@@ -65,6 +65,7 @@ pub fn router(
     certs: Arc<CertStore>,
     settings: &ServerSettings,
 ) -> Router {
+    let timeouts = metrics.clone();
     let state = AppState {
         config,
         metrics,
@@ -80,6 +81,16 @@ pub fn router(
             StatusCode::REQUEST_TIMEOUT,
             settings.request_timeout,
         ))
+        // The timeout answers without reaching a handler: it is counted on its way out.
+        .layer(axum::middleware::map_response(move |response: Response| {
+            let metrics = timeouts.clone();
+            async move {
+                if response.status() == StatusCode::REQUEST_TIMEOUT {
+                    metrics.bad_request(408);
+                }
+                response
+            }
+        }))
         .with_state(state)
 }
 
