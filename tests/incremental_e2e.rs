@@ -57,11 +57,17 @@ impl Env {
     }
 
     fn start_controller(&mut self) {
+        self.start_controller_with(&[]);
+    }
+
+    fn start_controller_with(&mut self, extra: &[&str]) {
+        self.controller = None;
+        let args: Vec<&str> = std::iter::once(GATE).chain(extra.iter().copied()).collect();
         self.controller = Some(ControllerProcess::start(
             self.cp,
             &self.ns,
             &self.dashboard.url_template(),
-            &[GATE],
+            &args,
         ));
     }
 
@@ -605,6 +611,74 @@ async fn progress_deadline_rolls_back() {
     .await;
     assert!(env.events().await.iter().any(|e| e == "ProgressDeadlineExceeded"));
     assert_eq!(env.upgrades("rolled_back"), 1.0);
+}
+
+/// How late each traffic step of `cluster` landed after it was due: at `last step + interval` or when the
+/// dashboard had its capacity RUNNING (`delay` after the PUT that asked for it), whichever is later.
+fn lateness_after_capacity(
+    env: &Env,
+    observer: &Observer,
+    cluster: &str,
+    delay: Duration,
+    interval: Duration,
+) -> Vec<Duration> {
+    let state = env.dashboard.get(&env.ns, cluster);
+    let mut previous: Option<Instant> = None;
+    let mut late = Vec::new();
+    for (at, weight) in observer.raises(cluster) {
+        let put = state
+            .puts
+            .iter()
+            .zip(&state.put_times)
+            .find(|(p, _)| p["target_capacity"].as_f64() == Some(weight as f64))
+            .map(|(_, t)| *t)
+            .expect("a PUT for the capacity this step needs");
+        let verified = put + delay;
+        // Never before the capacity was there (the observer sees a step a few ms after it was written).
+        assert!(at >= verified, "a step to {weight}% before its capacity ran");
+        let due = previous.map_or(verified, |p| verified.max(p + interval));
+        late.push(at.saturating_duration_since(due));
+        previous = Some(at);
+    }
+    late
+}
+
+fn p50_max(late: &[Duration]) -> (Duration, Duration) {
+    let mut sorted = late.to_vec();
+    sorted.sort();
+    (sorted[sorted.len() / 2], *sorted.last().unwrap())
+}
+
+/// A step that waits only for its capacity lands when that capacity is verified, not at the next Serve poll.
+/// Replicas here start 1.5 s after each PUT, longer than the 1 s interval, so every step waits for them. The
+/// same run measures the controller polling Serve only at its usual period (as before), then as it does now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_waiting_for_capacity_lands_when_it_is_verified() {
+    let mut env = Env::new("verified").await;
+    let delay = Duration::from_millis(1500);
+    let interval = Duration::from_secs(1);
+    env.deploy(20, 20, 1).await;
+    env.dashboard.new_clusters.lock().unwrap().start_delay = Some(delay);
+    let mut runs = Vec::new();
+    for (image, poll) in [("ray:2", "0.3"), ("ray:3", "0.05")] {
+        env.start_controller_with(&["--capacity-poll-interval-seconds", poll]);
+        let observer = env.observe(20);
+        let new = env.upgrade_to(image).await;
+        env.promoted_to(&new, 90).await;
+        let late = lateness_after_capacity(&env, &observer, &new, delay, interval);
+        assert_eq!(late.len(), 5, "{late:?}");
+        assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+        runs.push((poll, p50_max(&late)));
+    }
+    for (poll, (p50, max)) in &runs {
+        println!("step lateness after capacity, capacity poll {poll} s: p50 {p50:?}, max {max:?}");
+    }
+    // The goal is 100 ms; the bound holds on a loaded 2-core machine (BENCHMARKS.md has the measured values).
+    let (_, (_, max)) = runs[1];
+    assert!(
+        max <= Duration::from_millis(250),
+        "a step landed {max:?} after its capacity was verified"
+    );
 }
 
 /// Waiting for a step that is not due yet is progress: an interval longer than the progress deadline used to

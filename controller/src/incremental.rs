@@ -219,7 +219,7 @@ async fn step(
                         t.duration_since(Timestamp::now()).as_secs_f64() - STEP_LEAD_MS as f64 / 1000.0;
                     Duration::from_secs_f64(wake.max(0.0))
                 }
-                None => p.ctx.options.serve_poll_interval,
+                None => capacity_wake(p, reason, last_step.map(|t| t + options.interval)),
             }));
         }
         Action::SetTargetCapacity { role, percent } => {
@@ -374,6 +374,27 @@ async fn step(
     set_progressing(p, status, None);
     // Act again at once: the next decision needs fresh observations.
     Ok(Some(Duration::from_millis(20)))
+}
+
+/// When to look again while a step waits for Serve capacity. A step is due at `last step + interval` or at
+/// the instant its capacity is verified, whichever is later; that instant is only seen by reading Serve, so
+/// once the interval has passed Serve is read at the short capacity poll, and before that at the due
+/// instant (or the usual poll, if sooner).
+fn capacity_wake(p: &Pass<'_>, reason: WaitReason, due: Option<Timestamp>) -> Duration {
+    let options = &p.ctx.options;
+    let capacity = matches!(
+        reason,
+        WaitReason::PendingCapacityNotReady | WaitReason::ActiveCapacityNotReady
+    );
+    if !capacity {
+        return options.serve_poll_interval;
+    }
+    let left = due.map_or(0.0, |d| d.duration_since(Timestamp::now()).as_secs_f64());
+    if left <= 0.0 {
+        options.capacity_poll_interval
+    } else {
+        options.serve_poll_interval.min(Duration::from_secs_f64(left))
+    }
 }
 
 fn rolling_back(direction: Direction) -> &'static str {

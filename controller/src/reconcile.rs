@@ -64,6 +64,9 @@ pub struct ControllerOptions {
     pub feature_gates: FeatureGates,
     /// Re-read dashboards this often while waiting for Serve apps (nothing to watch there).
     pub serve_poll_interval: Duration,
+    /// Re-read Serve this often while a traffic step is due and waits only for its capacity to be verified
+    /// (the step then lands this late at most, plus one pass).
+    pub capacity_poll_interval: Duration,
     /// Re-read dashboards this often when settled; writes only if something changed.
     pub resync_interval: Duration,
     pub field_manager: String,
@@ -85,6 +88,7 @@ impl Default for ControllerOptions {
             mode: Mode::Reconcile,
             feature_gates: FeatureGates::default(),
             serve_poll_interval: Duration::from_secs(2),
+            capacity_poll_interval: Duration::from_millis(50),
             resync_interval: Duration::from_secs(60),
             field_manager: "rayshift".to_string(),
             skip_gateway_status_check: false,

@@ -50,6 +50,9 @@ pub struct ControllerArgs {
     /// Re-read Serve status this often while waiting for applications to run.
     #[arg(long, default_value_t = 2.0)]
     serve_poll_interval_seconds: f64,
+    /// Re-read Serve status this often while a due traffic step waits only for its capacity to be verified.
+    #[arg(long, default_value_t = 0.05)]
+    capacity_poll_interval_seconds: f64,
     /// Re-read Serve status this often when settled (writes only on change).
     #[arg(long, default_value_t = 60.0)]
     resync_interval_seconds: f64,
@@ -77,6 +80,7 @@ impl ControllerArgs {
             },
             feature_gates: gates,
             serve_poll_interval: Duration::from_secs_f64(self.serve_poll_interval_seconds.max(0.05)),
+            capacity_poll_interval: Duration::from_secs_f64(self.capacity_poll_interval_seconds.max(0.01)),
             resync_interval: Duration::from_secs_f64(self.resync_interval_seconds.max(1.0)),
             skip_gateway_status_check: self.skip_gateway_status_check,
             progress_deadline_seconds: deadline.progress_deadline_seconds,

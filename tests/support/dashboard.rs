@@ -39,6 +39,10 @@ pub struct ClusterState {
     pub gets: usize,
     /// The head's Serve proxy fails its health check (`/-/healthz`).
     pub proxy_down: bool,
+    /// Replicas a PUT adds start RUNNING only this long after it (as real replicas take time to start).
+    pub start_delay: Option<std::time::Duration>,
+    /// When each PUT arrived, in order (beside `puts`).
+    pub put_times: Vec<std::time::Instant>,
 }
 
 #[derive(Clone, Default)]
@@ -103,6 +107,20 @@ pub fn scaled(replicas: usize, capacity: Option<f64>) -> usize {
     }
 }
 
+/// Replicas running already: within `start_delay` of the last PUT, only those of the PUT before it.
+fn started(s: &ClusterState, declared: usize) -> usize {
+    let (Some(delay), Some(last)) = (s.start_delay, s.put_times.last()) else {
+        return usize::MAX;
+    };
+    if last.elapsed() >= delay {
+        return usize::MAX;
+    }
+    let before = s.puts.len().checked_sub(2).map(|i| &s.puts[i]);
+    before.map_or(0, |p| {
+        scaled(declared, p.get("target_capacity").and_then(Value::as_f64))
+    })
+}
+
 fn status_body(s: &ClusterState) -> Value {
     let Some(config) = &s.config else {
         return json!({"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": null});
@@ -134,7 +152,10 @@ fn status_body(s: &ClusterState) -> Value {
                 .to_string();
             let num = d.get("num_replicas").and_then(Value::as_u64).unwrap_or(1) as usize;
             let target = scaled(num, capacity);
-            let running = s.max_running.map_or(target, |m| m.min(target));
+            let running = s
+                .max_running
+                .map_or(target, |m| m.min(target))
+                .min(started(s, num));
             let replicas: Vec<Value> = (0..target)
                 .map(|i| json!({"replica_id": format!("{dname}-{i}"), "state": if i < running { "RUNNING" } else { "STARTING" }}))
                 .collect();
@@ -200,6 +221,7 @@ async fn put_apps(
             return false;
         }
         s.puts.push(config.clone());
+        s.put_times.push(std::time::Instant::now());
         s.config = Some(config);
         true
     });
