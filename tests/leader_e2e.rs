@@ -132,3 +132,116 @@ async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
     let _ = controllers[first].child.wait();
     controllers[first].alive();
 }
+
+fn signal(c: &ControllerProcess, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &c.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// A leader frozen (SIGSTOP, as a long GC pause or a partition would) while the other replica takes over
+/// must write nothing when it wakes: its own clock tells it the last renewal is too old, before its campaign
+/// has even re-read the Lease. The new leader is frozen too while the spec changes, so any write that
+/// happens after the wake-up can only be the old leader's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_wakes_after_losing_its_lease_writes_nothing() {
+    let cp = control_plane_with_kuberay();
+    let client = cp.client().await;
+    assert!(cp.crds_established(&client).await);
+    let ns = cp.namespace(&client, "frozen").await;
+    let dashboard = FakeDashboard::start().await;
+    let args = ["--leader-elect", "--leader-election-namespace", ns.as_str()];
+    let controllers = [
+        ControllerProcess::start(cp, &ns, &dashboard.url_template(), &args),
+        ControllerProcess::start(cp, &ns, &dashboard.url_template(), &args),
+    ];
+    let wait_leader = |i: usize, secs: u64| {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let c = &controllers[i];
+        async move {
+            while !leader(c) {
+                assert!(
+                    Instant::now() < deadline,
+                    "controller {i} never led\n{}",
+                    c.logs()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        if let Some(i) = (0..2).find(|i| leader(&controllers[*i])) {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "no leader elected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let other = 1 - first;
+    let api: Api<RayService> = Api::namespaced(client.clone(), &ns);
+    let rs: RayService = serde_json::from_value(json!({
+        "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "llm"},
+        "spec": {"managedBy": "rayshift.io/controller",
+            "serveConfigV2": "applications:\n  - name: app\n    import_path: m:app\n",
+            "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "ray:1",
+                "ports": [{"name": "serve", "containerPort": 8000}]}]}}}}}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &rs).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while api
+        .get("llm")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.active_service_status)
+        .is_none()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no active cluster\n{}",
+            controllers[first].logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let writes = |c: &ControllerProcess| c.counter_sum("rayshift_kubernetes_writes_total");
+    let clusters: Api<rayshift_api::RayCluster> = Api::namespaced(client.clone(), &ns);
+    let count = || async { clusters.list(&Default::default()).await.unwrap().items.len() };
+    // Let the leader settle, then freeze it until the other replica leads.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = writes(&controllers[first]);
+    signal(&controllers[first], "-STOP");
+    wait_leader(other, 20).await;
+    // Freeze the new leader too, with a fresh Lease, and give the old one work to do.
+    signal(&controllers[other], "-STOP");
+    let clusters_before = count().await;
+    let patch = json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head",
+        "image": "ray:2", "ports": [{"name": "serve", "containerPort": 8000}]}]}}}}}});
+    api.patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    signal(&controllers[first], "-CONT");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = writes(&controllers[first]);
+    let clusters_after = count().await;
+    signal(&controllers[other], "-CONT");
+    assert_eq!(
+        (after, clusters_after),
+        (before, clusters_before),
+        "the old leader wrote after it woke\n{}",
+        support::wait::tail(&controllers[first].logs(), 30)
+    );
+    assert!(!leader(&controllers[first]), "it still says it leads");
+    // The real leader goes on and starts the upgrade.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count().await <= clusters_before {
+        assert!(
+            Instant::now() < deadline,
+            "the leader did not go on\n{}",
+            controllers[other].logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -12,6 +12,8 @@ pub enum Error {
     Invalid(String),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("not the leader: this replica no longer holds the leader Lease, so it writes nothing")]
+    NotLeader,
 }
 
 impl Error {
@@ -24,6 +26,7 @@ impl Error {
             Error::ServeConfig(_) => "serve_config",
             Error::Invalid(_) => "invalid",
             Error::Metrics(_) => "metrics",
+            Error::NotLeader => "not_leader",
         }
     }
 }

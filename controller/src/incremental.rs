@@ -518,6 +518,7 @@ async fn set_capacity(p: &Pass<'_>, cluster: &RayCluster, percent: i32) -> Resul
             ))
         })?;
     let config = dashboard::serve_config_json(&text, Some(percent))?;
+    p.ctx.ensure_leader()?;
     p.ctx
         .dashboard
         .put_config(p.ns, &cluster.name_any(), &config)

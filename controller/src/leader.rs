@@ -5,7 +5,10 @@
 //! (the apiserver rejects the second with a conflict). A leader that cannot renew within `renew_deadline`
 //! steps down before its Lease can expire. On shutdown the leader releases the Lease for a fast handover.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use jiff::Timestamp;
 use k8s_openapi::{
@@ -26,38 +29,76 @@ pub struct LeaderElection {
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
     pub retry: Duration,
+    /// Read right before every write.
+    pub leadership: Arc<Leadership>,
+}
+
+/// Whether this replica may write, from the instant of its last successful renewal: a replica that was
+/// frozen or cut off finds on its own clock that the renewal is too old, before any other replica can have
+/// taken the Lease (`renew_deadline` < `lease_duration`), and without waiting for its campaign to notice.
+#[derive(Debug)]
+pub struct Leadership {
+    renewed: Mutex<Option<Instant>>,
+    renew_deadline: Duration,
+}
+
+impl Leadership {
+    fn new(renew_deadline: Duration) -> Self {
+        Self {
+            renewed: Mutex::new(None),
+            renew_deadline,
+        }
+    }
+
+    pub fn leading(&self) -> bool {
+        let renewed = *self.renewed.lock().unwrap_or_else(|e| e.into_inner());
+        renewed.is_some_and(|t| t.elapsed() < self.renew_deadline)
+    }
+
+    fn set(&self, renewed: Option<Instant>) {
+        *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = renewed;
+    }
 }
 
 impl LeaderElection {
     pub fn new(namespace: String, name: String, identity: String) -> Self {
+        let renew_deadline = Duration::from_secs(7);
         Self {
             namespace,
             name,
             identity,
             lease_duration: Duration::from_secs(10),
-            renew_deadline: Duration::from_secs(7),
+            renew_deadline,
             retry: Duration::from_secs(2),
+            leadership: Arc::new(Leadership::new(renew_deadline)),
         }
     }
 
     /// Campaigns until `shutdown`; `leader` tells whether this replica holds the Lease right now.
     pub async fn run(self, client: Client, leader: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
         let api: Api<Lease> = Api::namespaced(client, &self.namespace);
-        let mut last_renew: Option<std::time::Instant> = None;
         loop {
-            let held = match self.try_acquire_or_renew(&api).await {
-                Ok(held) => {
-                    if held {
-                        last_renew = Some(std::time::Instant::now());
-                    }
+            // One attempt never outlasts the renew deadline: a hung request must not keep a leader leading.
+            let started = Instant::now();
+            let attempt = tokio::time::timeout(self.renew_deadline, self.try_acquire_or_renew(&api)).await;
+            let held = match attempt {
+                Ok(Ok(held)) => {
+                    // The Lease counts from when the renewal was sent, not from when its answer came.
+                    self.leadership.set(held.then_some(started));
                     held
                 }
-                Err(error) => {
+                Ok(Err(error)) => {
                     tracing::warn!(%error, lease = %self.name, "leader election: lease not updated");
-                    // Keep leading only while the last renewal is recent enough.
-                    *leader.borrow() && last_renew.is_some_and(|t| t.elapsed() < self.renew_deadline)
+                    self.leadership.leading()
+                }
+                Err(_) => {
+                    tracing::warn!(lease = %self.name, "leader election: renewal timed out");
+                    self.leadership.leading()
                 }
             };
+            if !held {
+                self.leadership.set(None);
+            }
             if held != *leader.borrow() {
                 tracing::info!(identity = %self.identity, leader = held, "leadership changed");
                 let _ = leader.send(held);
@@ -68,6 +109,7 @@ impl LeaderElection {
             }
         }
         if *leader.borrow() {
+            self.leadership.set(None);
             self.release(&api).await;
             let _ = leader.send(false);
         }

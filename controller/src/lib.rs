@@ -41,31 +41,16 @@ pub struct RunConfig {
 /// Runs the controller until `shutdown` flips to true; with leader election, only while leading.
 pub async fn run(
     client: Client,
-    config: RunConfig,
+    mut config: RunConfig,
     registry: &prometheus::Registry,
     shutdown: signal::Receiver<bool>,
 ) -> Result<()> {
     let metrics = metrics::Metrics::register(registry)?;
-    let RunConfig {
-        namespace,
-        options,
-        dashboard_route,
-        dashboard_timeout,
-        leader_election,
-    } = config;
-    let Some(election) = leader_election else {
+    let Some(election) = config.leader_election.take() else {
         metrics.set_leader(true);
-        return run_controller(
-            client,
-            namespace,
-            options,
-            dashboard_route,
-            dashboard_timeout,
-            metrics,
-            shutdown,
-        )
-        .await;
+        return run_controller(client, &config, metrics, None, shutdown).await;
     };
+    let leadership = election.leadership.clone();
     let (leader_tx, mut leading) = signal::channel(false);
     let campaign = tokio::spawn(election.run(client.clone(), leader_tx, shutdown.clone()));
     let mut global = shutdown.clone();
@@ -86,16 +71,9 @@ pub async fn run(
             }
             let _ = stop_tx.send(true);
         });
-        run_controller(
-            client.clone(),
-            namespace.clone(),
-            options.clone(),
-            dashboard_route.clone(),
-            dashboard_timeout,
-            metrics.clone(),
-            stop_rx,
-        )
-        .await?;
+        // A pass still running when leadership goes checks it again right before each write.
+        let writes_while = Some(leadership.clone());
+        run_controller(client.clone(), &config, metrics.clone(), writes_while, stop_rx).await?;
         watchdog.abort();
         if *shutdown.borrow() {
             break;
@@ -134,13 +112,12 @@ fn forget_gone(ctx: &Context, listed: &reflector::Store<RayService>, event: &wat
 
 async fn run_controller(
     client: Client,
-    namespace: Option<String>,
-    options: ControllerOptions,
-    dashboard_route: dashboard::Route,
-    dashboard_timeout: Duration,
+    config: &RunConfig,
     metrics: metrics::Metrics,
+    leading: Option<Arc<leader::Leadership>>,
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<()> {
+    let namespace = config.namespace.clone();
     // One namespace, or all of them.
     fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
     where
@@ -164,12 +141,13 @@ async fn run_controller(
             ))
         })?;
     let dashboard = dashboard::Dashboard::new(
-        dashboard_route,
-        dashboard_timeout,
+        config.dashboard_route.clone(),
+        config.dashboard_timeout,
         client.clone(),
         metrics.clone(),
     )?;
-    let ctx = Arc::new(Context::new(client.clone(), dashboard, options, metrics));
+    let ctx = Context::new(client.clone(), dashboard, config.options.clone(), metrics);
+    let ctx = Arc::new(ctx.with_leadership(leading));
 
     // Head Pods belong to RayClusters, not RayServices: map them through a cache of clusters.
     let (clusters, writer) = reflector::store::<RayCluster>();

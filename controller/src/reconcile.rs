@@ -116,6 +116,8 @@ pub struct Context {
     /// their series again after they were dropped.
     deleted: Mutex<HashMap<String, Timestamp>>,
     started: Timestamp,
+    /// Whether this replica holds the leader Lease; `None` without leader election.
+    leading: Option<Arc<crate::leader::Leadership>>,
 }
 
 impl Context {
@@ -131,7 +133,14 @@ impl Context {
             observed: Mutex::new(HashMap::new()),
             deleted: Mutex::new(HashMap::new()),
             started: Timestamp::now(),
+            leading: None,
         }
+    }
+
+    /// Writes only while `leading` says this replica holds the Lease.
+    pub fn with_leadership(mut self, leading: Option<Arc<crate::leader::Leadership>>) -> Self {
+        self.leading = leading;
+        self
     }
 
     fn owns(&self, rs: &RayService) -> bool {
@@ -163,6 +172,22 @@ impl Context {
         for change in before.map(|b| observed::changes(&b, &now)).unwrap_or_default() {
             self.event(rs, EventType::Normal, change.reason(), "Observe", change.note())
                 .await;
+        }
+    }
+
+    /// Right before every write: only the leader writes (a replica that lost its Lease mid-pass stops here),
+    /// and the write is counted.
+    pub(crate) fn before_write(&self, kind: &str, verb: &str) -> Result<()> {
+        self.ensure_leader()?;
+        self.metrics.api_write(kind, verb);
+        Ok(())
+    }
+
+    /// Fails unless this replica leads (always true without leader election).
+    pub(crate) fn ensure_leader(&self) -> Result<()> {
+        match &self.leading {
+            Some(leadership) if !leadership.leading() => Err(Error::NotLeader),
+            _ => Ok(()),
         }
     }
 
@@ -239,7 +264,9 @@ impl Context {
             action: action.into(),
             note,
         };
-        self.metrics.api_write("Event", "create");
+        if self.before_write("Event", "create").is_err() {
+            return;
+        }
         if let Err(error) = self.events.publish(&rs.object_ref(&()), occurrence).await {
             tracing::warn!(%error, reason, "event not recorded");
         }
@@ -297,7 +324,7 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
     if !ctx.owns(&rs) {
         return Ok(Action::await_change());
     }
-    release_kuberay_finalizer(&rs, ctx).await?;
+    let rs = release_kuberay_finalizer(rs, ctx).await?;
     if rs.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove clusters and Services.
         ctx.forget(&ns, &rs.name_any(), &rs.uid().unwrap_or_default());
@@ -715,7 +742,7 @@ async fn update_head_serve_label(
         return Ok(failing);
     }
     let patch = json!({"metadata": {"labels": {SERVE_LABEL: want}}});
-    ctx.metrics.api_write("Pod", "patch");
+    ctx.before_write("Pod", "patch")?;
     Api::<Pod>::namespaced(ctx.client.clone(), ns)
         .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
@@ -768,7 +795,7 @@ async fn adopt_kuberay_clusters(
         let patch = json!({"metadata": {"annotations": {
             SPEC_HASH_ANNOTATION: adoption.digests.spec, SCALE_HASH_ANNOTATION: adoption.digests.scale,
             NUM_WORKER_GROUPS_ANNOTATION: adoption.worker_groups.to_string()}}});
-        ctx.metrics.api_write("RayCluster", "patch");
+        ctx.before_write("RayCluster", "patch")?;
         s.cluster = api
             .patch(
                 &s.cluster.name_any(),
@@ -794,10 +821,11 @@ async fn adopt_kuberay_clusters(
 /// KubeRay (v1.6.2+) puts its finalizer on the RayServices it runs and never removes it from one handed over
 /// to another controller; left there, the RayService could never be deleted. rayshift's owner references do
 /// that finalizer's work (the garbage collector removes the clusters).
-async fn release_kuberay_finalizer(rs: &RayService, ctx: &Context) -> Result<()> {
+/// Returns the RayService as it is after the patch (the pass goes on with its new resourceVersion).
+async fn release_kuberay_finalizer(rs: RayService, ctx: &Context) -> Result<RayService> {
     let finalizers = rs.finalizers();
     if !finalizers.iter().any(|f| f == KUBERAY_FINALIZER) {
-        return Ok(());
+        return Ok(rs);
     }
     let kept: Vec<&String> = finalizers.iter().filter(|f| *f != KUBERAY_FINALIZER).collect();
     // `test` first: a finalizer added or removed meanwhile makes the patch fail instead of dropping it.
@@ -813,19 +841,20 @@ async fn release_kuberay_finalizer(rs: &RayService, ctx: &Context) -> Result<()>
         }),
     ]);
     let api: Api<RayService> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
-    ctx.metrics.api_write("RayService", "patch");
-    api.patch(&rs.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
+    ctx.before_write("RayService", "patch")?;
+    let released = api
+        .patch(&rs.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
         .await?;
     let note = format!("Removed KubeRay's finalizer {KUBERAY_FINALIZER}: rayshift runs this RayService now");
     ctx.event(
-        rs,
+        &released,
         EventType::Normal,
         "ReleasedKubeRayFinalizer",
         "Reconcile",
         note,
     )
     .await;
-    Ok(())
+    Ok(released)
 }
 
 async fn apply_cluster_actions(
@@ -867,7 +896,7 @@ async fn apply_cluster_actions(
             ClusterAction::UpdateScale { name } => {
                 let Some(s) = seen.get(name) else { continue };
                 let patch = scale_patch(rs, &s.cluster);
-                ctx.metrics.api_write("RayCluster", "patch");
+                ctx.before_write("RayCluster", "patch")?;
                 api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
                 ctx.event(
@@ -881,7 +910,7 @@ async fn apply_cluster_actions(
             }
             ClusterAction::ScheduleDeletion { name, at } => {
                 let patch = json!({"metadata": {"annotations": {DELETE_AFTER_ANNOTATION: at.to_string()}}});
-                ctx.metrics.api_write("RayCluster", "patch");
+                ctx.before_write("RayCluster", "patch")?;
                 api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
             }
@@ -891,7 +920,7 @@ async fn apply_cluster_actions(
                     tracing::warn!(cluster = %name, "not deleting: the serve Service still selects it");
                     continue;
                 }
-                ctx.metrics.api_write("RayCluster", "delete");
+                ctx.before_write("RayCluster", "delete")?;
                 match api.delete(name, &DeleteParams::background()).await {
                     Ok(_) => {
                         ctx.event(
@@ -924,7 +953,7 @@ async fn apply_cluster_actions(
 
 /// Server-side apply of a whole RayCluster with rayshift's field manager.
 async fn apply_cluster(ctx: &Context, api: &Api<RayCluster>, name: &str, body: &Value) -> Result<()> {
-    ctx.metrics.api_write("RayCluster", "apply");
+    ctx.before_write("RayCluster", "apply")?;
     api.patch(
         name,
         &PatchParams::apply(&ctx.options.field_manager).force(),
@@ -975,7 +1004,9 @@ fn scale_patch(rs: &RayService, cluster: &RayCluster) -> Value {
         }
     }
     let digests = SpecDigests::of(&rs.spec.ray_cluster_config);
-    json!({"metadata": {"annotations": {SCALE_HASH_ANNOTATION: digests.scale}}, "spec": {"workerGroupSpecs": groups}})
+    // The groups list is replaced whole: only on top of the cluster as it was read.
+    json!({"metadata": {"resourceVersion": cluster.resource_version(), "annotations": {SCALE_HASH_ANNOTATION: digests.scale}},
+           "spec": {"workerGroupSpecs": groups}})
 }
 
 /// The cluster the serve Service selects now, if any.
@@ -1004,7 +1035,7 @@ where
     {
         return Ok(());
     }
-    ctx.metrics.api_write(&K::kind(&()), "apply");
+    ctx.before_write(&K::kind(&()), "apply")?;
     api.patch(
         &name,
         &PatchParams::apply(&ctx.options.field_manager).force(),
@@ -1033,12 +1064,13 @@ async fn push_serve_config(
         return Ok(false);
     }
     let config = dashboard::serve_config_json(&text, target_capacity)?;
+    ctx.ensure_leader()?;
     match ctx.dashboard.put_config(ns, &name, &config).await {
         Ok(()) => {
             ctx.records().set_pushed_config(&owner, &name, &text);
             if cluster.annotations().get(SERVE_CONFIG_ANNOTATION) != Some(&text) {
                 let patch = json!({"metadata": {"annotations": {SERVE_CONFIG_ANNOTATION: text}}});
-                ctx.metrics.api_write("RayCluster", "patch");
+                ctx.before_write("RayCluster", "patch")?;
                 Api::<RayCluster>::namespaced(ctx.client.clone(), ns)
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
@@ -1236,13 +1268,15 @@ async fn write_status(rs: &RayService, ctx: &Context, status: &RayServiceStatuse
         .map(|s| serde_json::to_value(s).expect("status serializes"))
         .unwrap_or(Value::Null);
     let api: Api<RayService> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
-    ctx.metrics.api_write("RayService", "status");
-    api.patch_status(
-        &rs.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&json!({"status": merge_patch(&old, &new)})),
-    )
-    .await?;
+    // The patch is a diff against the status this pass read: with its resourceVersion, a status changed
+    // meanwhile makes the write a conflict (the pass is retried on a fresh read), never an overwrite.
+    let body = json!({
+        "metadata": {"resourceVersion": rs.resource_version()},
+        "status": merge_patch(&old, &new),
+    });
+    ctx.before_write("RayService", "status")?;
+    api.patch_status(&rs.name_any(), &PatchParams::default(), &Patch::Merge(&body))
+        .await?;
     Ok(())
 }
 
@@ -1340,6 +1374,11 @@ fn service_view(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) ->
 /// Requeue with backoff after an error; the error is logged and counted, never fatal.
 pub fn error_policy(rs: Arc<RayService>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_error(error.category());
+    if error.category() == "conflict" {
+        // Someone wrote in between: read again soon rather than back off.
+        tracing::info!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, "write conflict: re-reading");
+        return Action::requeue(Duration::from_millis(200));
+    }
     tracing::warn!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, "reconcile failed");
     Action::requeue(Duration::from_secs(5))
 }
