@@ -416,3 +416,114 @@ proptest! {
         prop_assert!(plan.traffic_steps >= (100 + opts.step_size_percent - 1) as usize / opts.step_size_percent as usize);
     }
 }
+
+/// What the world and the user do between two passes, for the steering property below.
+#[derive(Clone, Debug)]
+enum World {
+    Advance(i64),
+    /// The clock jumps, either way (NTP, a VM resumed).
+    Jump(i64),
+    PendingReady(bool),
+    ActiveReady(bool),
+    RouteReady(bool),
+    Control(crate::upgrade_control::Control),
+    /// The spec is edited away from the pending cluster's (or back to it).
+    SpecMatchesPending(bool),
+}
+
+fn world() -> impl Strategy<Value = World> {
+    use crate::upgrade_control::Control;
+    prop_oneof![
+        6 => (0i64..40).prop_map(World::Advance),
+        1 => (-600i64..3600).prop_map(World::Jump),
+        2 => any::<bool>().prop_map(World::PendingReady),
+        1 => any::<bool>().prop_map(World::ActiveReady),
+        1 => any::<bool>().prop_map(World::RouteReady),
+        1 => prop_oneof![Just(Control::Run), Just(Control::Pause), Just(Control::Promote), Just(Control::Abort)]
+            .prop_map(World::Control),
+        1 => any::<bool>().prop_map(World::SpecMatchesPending),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
+
+    /// The upgrade's whole pure decision, steering included (abort, pause, promote, progress deadline, spec
+    /// edits and reverts, clock jumps, capacity and route readiness at any moment): the invariants hold after
+    /// every action, no traffic step comes before it is due (unless promoted), an abort sticks until the
+    /// rollback finishes, and every upgrade completes or rolls back once the world settles.
+    #[test]
+    fn steering_and_planning_keep_invariants_and_terminate(
+        opts in options(),
+        deadline in 1i64..900,
+        script in prop::collection::vec(world(), 0..300),
+    ) {
+        use crate::{progress::{Steering, UpgradeProgress}, upgrade_control::Control};
+        let mut o = observed((100, 100), (0, 0));
+        o.now = t(1_000_000);
+        let mut progress = UpgradeProgress::default();
+        let (mut control, mut goal) = (Control::Run, true);
+        let mut script = script.into_iter();
+        let mut aborted = false;
+        let mut outcome = None;
+        for _ in 0..20_000 {
+            match script.next() {
+                Some(World::Advance(s)) | Some(World::Jump(s)) => o.now = o.now.checked_add(SignedDuration::from_secs(s)).unwrap(),
+                Some(World::PendingReady(r)) => o.pending_capacity_ready = r,
+                Some(World::ActiveReady(r)) => o.active_capacity_ready = r,
+                Some(World::RouteReady(r)) => o.route_ready = r,
+                Some(World::Control(c)) => control = c,
+                Some(World::SpecMatchesPending(g)) => goal = g,
+                None => {
+                    o.pending_capacity_ready = true;
+                    o.active_capacity_ready = true;
+                    o.route_ready = true;
+                    control = Control::Run;
+                    o.now = o.now.checked_add(SignedDuration::from_secs(1)).unwrap();
+                }
+            }
+            let steering = Steering {
+                control,
+                pending_runs_goal: goal,
+                deadline: SignedDuration::from_secs(deadline),
+                interval: opts.interval,
+                last_traffic_step: o.last_traffic_step,
+                now: o.now,
+            };
+            progress.steer(&steering);
+            aborted |= progress.upgrade_abort.is_some();
+            prop_assert!(!aborted || progress.upgrade_abort.is_some(), "an abort sticks");
+            o.direction = progress.direction(goal);
+            o.paused = control == Control::Pause;
+            o.hurry = control == Control::Promote;
+            let before = o;
+            let action = next_action(&opts, &o);
+            match action {
+                Action::Wait { until: Some(due), .. } => {
+                    prop_assert!(due > o.now);
+                    continue;
+                }
+                Action::Wait { .. } => continue,
+                Action::Promote => {
+                    prop_assert!(!aborted && goal, "promoted an aborted or outdated upgrade");
+                    outcome = Some("completed");
+                    break;
+                }
+                Action::FinishRollback => {
+                    outcome = Some("rolled back");
+                    break;
+                }
+                Action::SetTraffic { .. } => {
+                    let due = before.last_traffic_step.map(|l| l + opts.interval);
+                    prop_assert!(before.hurry || due.is_none_or(|d| before.now >= d), "a step before it was due: {:?}", before);
+                }
+                Action::SetTargetCapacity { .. } => {}
+            }
+            prop_assert!(!before.paused, "no change while paused");
+            apply(&mut o, action);
+            progress.last_progress_time = Some(o.now);
+            assert_invariants(&opts, &o)?;
+        }
+        prop_assert!(outcome.is_some(), "neither completed nor rolled back: {:?} {:?}", o, progress);
+    }
+}
