@@ -50,6 +50,17 @@ async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let other = 1 - first;
+    // Both replicas are ready once each knows who leads (the leader also once its cache has synced).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while controllers.iter().any(|c| c.readyz() != 200) {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz: {} and {}",
+            controllers[0].readyz(),
+            controllers[1].readyz()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let api: Api<RayService> = Api::namespaced(client.clone(), &ns);
     let rs: RayService = serde_json::from_value(json!({
@@ -244,4 +255,32 @@ async fn a_leader_that_wakes_after_losing_its_lease_writes_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// `/readyz` says 503 while the replica cannot tell who leads (here: the Lease's namespace does not exist yet),
+/// and 200 once it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_until_it_knows_who_leads() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let cp = control_plane_with_kuberay();
+    let client = cp.client().await;
+    assert!(cp.crds_established(&client).await);
+    let ns = cp.namespace(&client, "readyz").await;
+    let dashboard = FakeDashboard::start().await;
+    let lease_ns = format!("{ns}-leases");
+    let args = ["--leader-elect", "--leader-election-namespace", lease_ns.as_str()];
+    let c = ControllerProcess::start(cp, &ns, &dashboard.url_template(), &args);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(c.readyz(), 503, "ready without knowing the leader\n{}", c.logs());
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": lease_ns}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while c.readyz() != 200 {
+        assert!(Instant::now() < deadline, "never ready\n{}", c.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(leader(&c));
 }

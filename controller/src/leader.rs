@@ -40,6 +40,8 @@ pub struct LeaderElection {
 pub struct Leadership {
     renewed: Mutex<Option<Instant>>,
     renew_deadline: Duration,
+    /// A campaign attempt has read the Lease: this replica knows whether it leads.
+    known: std::sync::atomic::AtomicBool,
 }
 
 impl Leadership {
@@ -47,7 +49,13 @@ impl Leadership {
         Self {
             renewed: Mutex::new(None),
             renew_deadline,
+            known: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether a campaign attempt has ended (readiness waits for it).
+    pub fn known(&self) -> bool {
+        self.known.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn leading(&self) -> bool {
@@ -85,6 +93,9 @@ impl LeaderElection {
                 Ok(Ok(held)) => {
                     // The Lease counts from when the renewal was sent, not from when its answer came.
                     self.leadership.set(held.then_some(started));
+                    self.leadership
+                        .known
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
                     held
                 }
                 Ok(Err(error)) => {

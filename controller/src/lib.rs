@@ -28,6 +28,35 @@ use tokio::sync::watch as signal;
 
 pub use crate::reconcile::{Context, ControllerOptions, Mode};
 
+/// `/readyz` of the controller: ready once it knows whether it leads and, while it leads (or without leader
+/// election), once its RayService cache has synced.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness {
+    synced: Arc<std::sync::atomic::AtomicBool>,
+    leadership: Option<Arc<leader::Leadership>>,
+}
+
+impl Readiness {
+    pub fn for_config(config: &RunConfig) -> Self {
+        Self {
+            synced: config.readiness.synced.clone(),
+            leadership: config.leader_election.as_ref().map(|e| e.leadership.clone()),
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        let synced = self.synced.load(std::sync::atomic::Ordering::Relaxed);
+        match &self.leadership {
+            None => synced,
+            Some(l) => l.known() && (!l.leading() || synced),
+        }
+    }
+
+    fn set_synced(&self, synced: bool) {
+        self.synced.store(synced, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Everything [`run`] needs besides the client.
 pub struct RunConfig {
     pub namespace: Option<String>,
@@ -36,6 +65,7 @@ pub struct RunConfig {
     pub dashboard_timeout: Duration,
     /// `None`: this replica always reconciles.
     pub leader_election: Option<leader::LeaderElection>,
+    pub readiness: Readiness,
 }
 
 /// Runs the controller until `shutdown` flips to true; with leader election, only while leading.
@@ -74,6 +104,7 @@ pub async fn run(
         // A pass still running when leadership goes checks it again right before each write.
         let writes_while = Some(leadership.clone());
         run_controller(client.clone(), &config, metrics.clone(), writes_while, stop_rx).await?;
+        config.readiness.set_synced(false);
         watchdog.abort();
         if *shutdown.borrow() {
             break;
@@ -178,13 +209,16 @@ async fn run_controller(
     // delete event (or, after a re-list, when it is no longer listed). A watch of its own: kube-runtime's
     // controller does not share its trigger stream without an unstable feature.
     let (rayservices, rs_writer) = reflector::store::<RayService>();
-    let forget_ctx = ctx.clone();
+    let (forget_ctx, readiness) = (ctx.clone(), config.readiness.clone());
     let forget_task = tokio::spawn(
         watcher(services.clone(), watcher::Config::default())
             .default_backoff()
             .reflect(rs_writer)
             .for_each(move |event| {
                 if let Ok(event) = event {
+                    if matches!(event, watcher::Event::InitDone) {
+                        readiness.set_synced(true);
+                    }
                     forget_gone(&forget_ctx, &rayservices, &event);
                 }
                 futures::future::ready(())

@@ -115,6 +115,7 @@ impl ControllerArgs {
             dashboard_route: self.route(),
             dashboard_timeout: Duration::from_secs_f64(self.dashboard_timeout_seconds.max(0.1)),
             leader_election,
+            readiness: rayshift_controller::Readiness::default(),
         }
     }
 
@@ -164,10 +165,12 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
         let registry = Registry::new();
         let shutdown = shutdown::on_signal();
         let client = cmd.controller.client().await?;
-        let admin_task = serve_metrics(cmd.metrics_addr, &registry, Arc::new(|| true), &shutdown).await?;
         let config = cmd
             .controller
             .run_config(cmd.gates.gates(), &cmd.managed_by, &cmd.deadline);
+        let readiness = rayshift_controller::Readiness::for_config(&config);
+        let ready = Arc::new(move || readiness.ready());
+        let admin_task = serve_metrics(cmd.metrics_addr, &registry, ready, &shutdown).await?;
         rayshift_controller::run(client, config, &registry, shutdown).await?;
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
@@ -195,13 +198,19 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
         let shutdown = shutdown::on_signal();
         let client = cmd.controller.client().await?;
         let hook = rayshift_webhook::Webhook::bind(webhook_options, &registry).await?;
-        let admin_task = serve_metrics(cmd.metrics_addr, &registry, hook.readiness(), &shutdown).await?;
-        let hook_task = tokio::spawn(hook.run(shutdown.clone()));
         let config = cmd.controller.run_config(
             cmd.webhook.gates.gates(),
             &cmd.webhook.managed_by,
             &cmd.webhook.deadline,
         );
+        // One process, one /readyz: both halves must be ready.
+        let (hook_ready, controller) = (
+            hook.readiness(),
+            rayshift_controller::Readiness::for_config(&config),
+        );
+        let ready = Arc::new(move || hook_ready() && controller.ready());
+        let admin_task = serve_metrics(cmd.metrics_addr, &registry, ready, &shutdown).await?;
+        let hook_task = tokio::spawn(hook.run(shutdown.clone()));
         rayshift_controller::run(client, config, &registry, shutdown).await?;
         hook_task
             .await

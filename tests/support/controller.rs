@@ -81,6 +81,12 @@ impl ControllerProcess {
         super::webhook::plain_http::text(&format!("http://127.0.0.1:{}/metrics", self.metrics_port))
     }
 
+    /// HTTP status of `/readyz` (0 when it does not answer).
+    pub fn readyz(&self) -> u16 {
+        super::webhook::plain_http::status(&format!("http://127.0.0.1:{}/readyz", self.metrics_port))
+            .unwrap_or(0)
+    }
+
     /// Sum of a counter over all its label sets.
     pub fn counter_sum(&self, name: &str) -> f64 {
         self.metrics()
