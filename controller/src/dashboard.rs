@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    error::{Error, Result},
+    error::{DashboardFailure, Error, Result},
     metrics::Metrics,
 };
 
@@ -127,10 +127,7 @@ impl Dashboard {
             .timeout(timeout)
             .connect_timeout(timeout)
             .build()
-            .map_err(|e| Error::Dashboard {
-                url: String::new(),
-                message: e.to_string(),
-            })?;
+            .map_err(Error::HttpClient)?;
         Ok(Self {
             route,
             timeout,
@@ -175,7 +172,7 @@ impl Dashboard {
             .await?;
         serde_json::from_slice(&body).map_err(|e| Error::Dashboard {
             url: self.where_(namespace, cluster),
-            message: format!("unexpected Serve status JSON: {e}"),
+            failure: Box::new(DashboardFailure::Json(e)),
         })
     }
 
@@ -241,7 +238,7 @@ impl Dashboard {
     ) -> Result<Vec<u8>> {
         let url = format!("{}{APPLICATIONS}{query}", self.where_(namespace, cluster));
         let op = if method == http::Method::GET { "get" } else { "put" };
-        let mut last = String::new();
+        let mut last = None;
         for attempt in 0..self.attempts {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
@@ -254,16 +251,17 @@ impl Dashboard {
             timer.observe_duration();
             match result {
                 Ok(bytes) => return Ok(bytes),
-                Err((retry, message)) => {
+                Err((retry, failure)) => {
                     self.metrics.dashboard_error(op);
-                    last = message;
+                    last = Some(failure);
                     if !retry {
                         break;
                     }
                 }
             }
         }
-        Err(Error::Dashboard { url, message: last })
+        let failure = Box::new(last.expect("at least one attempt was made"));
+        Err(Error::Dashboard { url, failure })
     }
 
     /// Err((retryable, message)).
@@ -272,19 +270,28 @@ impl Dashboard {
         method: &http::Method,
         url: &str,
         body: Option<Vec<u8>>,
-    ) -> Result<Vec<u8>, (bool, String)> {
+    ) -> Result<Vec<u8>, (bool, DashboardFailure)> {
         let mut req = self.http.request(method.clone(), url);
         if let Some(b) = body {
             req = req.header("content-type", "application/json").body(b);
         }
-        let resp = req.send().await.map_err(|e| (true, e.to_string()))?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| (true, DashboardFailure::Request(e)))?;
         let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|e| (true, e.to_string()))?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| (true, DashboardFailure::Request(e)))?;
         if status.is_success() {
             Ok(bytes.to_vec())
         } else {
-            let text = String::from_utf8_lossy(&bytes);
-            Err((status.is_server_error(), format!("{status}: {}", text.trim())))
+            let body = String::from_utf8_lossy(&bytes).trim().to_string();
+            Err((
+                status.is_server_error(),
+                DashboardFailure::Status { status, body },
+            ))
         }
     }
 
@@ -293,31 +300,30 @@ impl Dashboard {
         method: &http::Method,
         path: &str,
         body: Option<Vec<u8>>,
-    ) -> Result<Vec<u8>, (bool, String)> {
+    ) -> Result<Vec<u8>, (bool, DashboardFailure)> {
         let mut req = http::Request::builder().method(method.clone()).uri(path);
         if body.is_some() {
             req = req.header("content-type", "application/json");
         }
         let req = req
             .body(body.unwrap_or_default())
-            .map_err(|e| (false, e.to_string()))?;
+            .map_err(|e| (false, DashboardFailure::Build(e)))?;
         self.kube
             .request_text(req)
             .await
             .map(String::into_bytes)
-            .map_err(|e| (true, e.to_string()))
+            .map_err(|e| (true, DashboardFailure::Proxy(e)))
     }
 }
 
 /// The dashboard's JSON config from serveConfigV2 (YAML text), with `target_capacity` when given.
 pub fn serve_config_json(text: &str, target_capacity: Option<i32>) -> Result<Value> {
-    let mut config = rayshift_api::validation::parse_serve_config(text).map_err(Error::ServeConfig)?;
+    let mut config = rayshift_api::validation::parse_serve_config(text)
+        .map_err(|e| Error::ServeConfig(rayshift_api::Error::from(e)))?;
     if config.is_null() {
         config = Value::Object(Default::default());
     }
-    let obj = config
-        .as_object_mut()
-        .ok_or_else(|| Error::ServeConfig("serveConfigV2 is not a mapping".into()))?;
+    let obj = config.as_object_mut().ok_or(Error::ServeConfigNotAMapping)?;
     match target_capacity {
         Some(tc) => obj.insert("target_capacity".into(), Value::from(tc)),
         None => obj.remove("target_capacity"),

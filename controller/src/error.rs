@@ -1,15 +1,45 @@
-//! The one error type of `rayshift-controller`.
+//! The one error type of `rayshift-controller`: typed variants, each naming what failed.
+
+/// Why a Ray dashboard request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DashboardFailure {
+    #[error("{0}")]
+    Request(#[source] reqwest::Error),
+    #[error("{status}: {body}")]
+    Status {
+        status: reqwest::StatusCode,
+        body: String,
+    },
+    #[error("through the apiserver proxy: {0}")]
+    Proxy(#[source] kube::Error),
+    #[error("request: {0}")]
+    Build(#[source] http::Error),
+    #[error("unexpected Serve status JSON: {0}")]
+    Json(#[source] serde_json::Error),
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    #[error("Ray dashboard {url}: {message}")]
-    Dashboard { url: String, message: String },
+    #[error("cannot list RayServices (is the ray.io/v1 RayService CRD installed?): {0}")]
+    RayServiceCrdMissing(#[source] kube::Error),
+    #[error("Ray dashboard {url}: {failure}")]
+    Dashboard {
+        url: String,
+        #[source]
+        failure: Box<DashboardFailure>,
+    },
+    #[error("Ray dashboard HTTP client: {0}")]
+    HttpClient(#[source] reqwest::Error),
     #[error("serveConfigV2: {0}")]
-    ServeConfig(String),
-    #[error("{0}")]
-    Invalid(String),
+    ServeConfig(#[source] rayshift_api::Error),
+    #[error("serveConfigV2 is not a mapping")]
+    ServeConfigNotAMapping,
+    #[error("clusterUpgradeOptions cannot make progress (admission denies such options)")]
+    UnusableUpgradeOptions,
+    #[error("the Serve config RayCluster {cluster} runs is unknown (no rayshift.io/serve-config annotation)")]
+    UnknownServeConfig { cluster: String },
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error("not the leader: this replica no longer holds the leader Lease, so it writes nothing")]
@@ -21,10 +51,12 @@ impl Error {
     pub fn category(&self) -> &'static str {
         match self {
             Error::Kube(kube::Error::Api(s)) if s.is_conflict() => "conflict",
-            Error::Kube(_) => "kubernetes",
-            Error::Dashboard { .. } => "dashboard",
-            Error::ServeConfig(_) => "serve_config",
-            Error::Invalid(_) => "invalid",
+            Error::Kube(_) | Error::RayServiceCrdMissing(_) => "kubernetes",
+            Error::Dashboard { .. } | Error::HttpClient(_) => "dashboard",
+            Error::ServeConfig(_) | Error::ServeConfigNotAMapping | Error::UnknownServeConfig { .. } => {
+                "serve_config"
+            }
+            Error::UnusableUpgradeOptions => "invalid",
             Error::Metrics(_) => "metrics",
             Error::NotLeader => "not_leader",
         }

@@ -94,9 +94,7 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Op
             .cluster_upgrade_options()
             .and_then(UpgradeOptions::from_spec)
     else {
-        return Err(Error::Invalid(
-            "clusterUpgradeOptions cannot make progress".into(),
-        ));
+        return Err(Error::UnusableUpgradeOptions);
     };
     // Fresh sides start where KubeRay starts them: a first cluster at full capacity, a new pending one at 0.
     let first = status
@@ -511,11 +509,8 @@ async fn set_capacity(p: &Pass<'_>, cluster: &RayCluster, percent: i32) -> Resul
                 == Some(p.goal_spec))
             .then(|| p.rs.spec.serve_config_v2.clone().unwrap_or_default())
         })
-        .ok_or_else(|| {
-            Error::Invalid(format!(
-                "the Serve config RayCluster {} runs is unknown",
-                cluster.name_any()
-            ))
+        .ok_or_else(|| Error::UnknownServeConfig {
+            cluster: cluster.name_any(),
         })?;
     let config = dashboard::serve_config_json(&text, Some(percent))?;
     p.ctx.ensure_leader()?;

@@ -166,11 +166,7 @@ async fn run_controller(
     services
         .list(&kube::api::ListParams::default().limit(1))
         .await
-        .map_err(|e| {
-            Error::Invalid(format!(
-                "cannot list RayServices (is the ray.io/v1 RayService CRD installed?): {e}"
-            ))
-        })?;
+        .map_err(Error::RayServiceCrdMissing)?;
     let dashboard = dashboard::Dashboard::new(
         config.dashboard_route.clone(),
         config.dashboard_timeout,

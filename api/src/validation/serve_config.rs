@@ -9,9 +9,8 @@ use super::{FieldError, Verdict};
 const FIELD: &str = "spec.serveConfigV2";
 
 /// Parses serveConfigV2 into JSON (what the Ray dashboard's PUT takes).
-pub fn parse_serve_config(text: &str) -> Result<Value, String> {
-    let value: Value = yaml_serde::from_str(text).map_err(|e| e.to_string())?;
-    Ok(value)
+pub fn parse_serve_config(text: &str) -> Result<Value, yaml_serde::Error> {
+    yaml_serde::from_str(text)
 }
 
 /// Checks the config parses and names its applications well enough for Serve to accept it.
