@@ -12,7 +12,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(cli::EXIT_UNREADABLE)
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -202,3 +202,38 @@ fn modelled_fields_exist_in_kuberays_released_crds() {
         problems.join("\n")
     );
 }
+
+/// Bad flags exit 2 (clap's usage errors and rayshift's own checks alike); a failure while running exits 1.
+#[test]
+fn exit_codes_tell_bad_flags_from_runtime_failures() {
+    let code = |args: &[&str]| rayshift(args).status.code();
+    assert_eq!(
+        code(&["controller", "--progress-deadline-seconds", "0"]),
+        Some(2),
+        "out of range"
+    );
+    assert_eq!(code(&["controller", "--no-such-flag"]), Some(2));
+    assert_eq!(code(&["webhook", "--feature-gates", "NoSuchGate=true"]), Some(2));
+    // A kubeconfig that points nowhere: the flags are fine, running fails.
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
+    )
+    .unwrap();
+    let out = rayshift(&[
+        "controller",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

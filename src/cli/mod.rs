@@ -1,4 +1,5 @@
-//! Subcommands. Exit codes: 0 allowed / ok, 1 denied, 2 unreadable input or not a RayService.
+//! Subcommands. Exit codes: 0 allowed / ok; 1 denied (`validate`, `plan`) or a failure while running (`webhook`,
+//! `controller`, `run`); 2 bad flags or unreadable input (as clap's own usage errors).
 
 mod certs;
 mod controller;
@@ -19,6 +20,7 @@ use rayshift_api::{
 use serde_json::Value;
 
 pub const EXIT_DENIED: u8 = 1;
+pub const EXIT_RUNTIME: u8 = 1;
 pub const EXIT_UNREADABLE: u8 = 2;
 
 #[derive(Debug, Parser)]
@@ -81,6 +83,20 @@ pub enum CliError {
     Kube(String),
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
+}
+
+impl CliError {
+    /// 2 when the input, the flags or a file they name are bad; 1 when running failed.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Read { .. } | CliError::Document { .. } | CliError::Api(_) | CliError::Json(_) => {
+                EXIT_UNREADABLE
+            }
+            CliError::Webhook(_) | CliError::Controller(_) | CliError::Kube(_) | CliError::Runtime(_) => {
+                EXIT_RUNTIME
+            }
+        }
+    }
 }
 
 pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
