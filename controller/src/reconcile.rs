@@ -304,136 +304,200 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     result
 }
 
+/// One pass: observe → decide (pure, `rayshift_api::lifecycle`) → apply, then the status and the next wake-up.
 async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
+    let Some(rs) = current(cached, ctx).await? else {
+        return Ok(Action::await_change());
+    };
+    let previous = rs.status.clone().unwrap_or_default();
+    if let Some(held) = held(&rs, ctx, &previous).await? {
+        return Ok(held);
+    }
+    let now = Timestamp::now();
+    let mut seen = observe(&rs, ctx, &previous).await?;
+    adopt_kuberay_clusters(&rs, ctx, &seen.goal.clone(), &mut seen.clusters).await?;
+    let decision = lifecycle::decide(&seen.facts(&rs, &previous, now));
+    let applied = apply(&rs, ctx, &seen, &decision).await?;
+    let settled = settle_status(&rs, ctx, &previous, &seen, &decision, now).await?;
+    Ok(Action::requeue(next_wake(
+        ctx, &seen, &decision, &applied, &settled, now,
+    )))
+}
+
+/// The RayService to act on, read fresh (the watch cache can lag behind this controller's own last status
+/// write, and acting on a stale status would move route weights backwards); `None` when there is nothing
+/// to do: someone else runs it (then it is observed), it is gone, or it is being deleted.
+async fn current(cached: &RayService, ctx: &Context) -> Result<Option<RayService>> {
     if !ctx.owns(cached) {
         ctx.observe(cached).await;
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     // Handed over from KubeRay: observing it ends.
     ctx.observed_levels().remove(&cached.uid().unwrap_or_default());
     let ns = cached.namespace().unwrap_or_default();
-    // Read the RayService itself: the watch cache can lag behind this controller's own last status
-    // write, and acting on a stale status would move route weights backwards.
     let Some(rs) = Api::<RayService>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&cached.name_any())
         .await?
     else {
         ctx.metrics.forget_service(&ns, &cached.name_any());
-        return Ok(Action::await_change());
+        return Ok(None);
     };
     if !ctx.owns(&rs) {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let rs = release_kuberay_finalizer(rs, ctx).await?;
     if rs.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove clusters and Services.
         ctx.forget(&ns, &rs.name_any(), &rs.uid().unwrap_or_default());
-        return Ok(Action::await_change());
+        return Ok(None);
     }
-    let now = Timestamp::now();
-    let previous = rs.status.clone().unwrap_or_default();
+    Ok(Some(rs))
+}
 
-    let verdict = validation::validate(&rs, None, &validation_config(&ctx.options));
+/// A RayService held back until the user acts: an invalid spec, or incremental mode without the Gateway API.
+async fn held(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses) -> Result<Option<Action>> {
+    let verdict = validation::validate(rs, None, &validation_config(&ctx.options));
     if !verdict.allowed() {
-        return invalid(&rs, ctx, &previous, &verdict.denial_message()).await;
+        return invalid(rs, ctx, previous, &verdict.denial_message())
+            .await
+            .map(Some);
     }
-
-    let incremental = rs.spec.upgrade_type() == Some(UpgradeType::NewClusterWithIncrementalUpgrade)
-        && ctx.options.feature_gates.incremental_upgrade();
-    if incremental && !gateway_api_available(ctx, &ns).await {
-        return gateway_api_missing(&rs, ctx, &previous).await;
+    let ns = rs.namespace().unwrap_or_default();
+    if incremental(rs, ctx) && !gateway_api_available(ctx, &ns).await {
+        return gateway_api_missing(rs, ctx, previous).await.map(Some);
     }
-    let clusters_api: Api<RayCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let listed = clusters_api
-        .list(&ListParams::default().labels(&children::cluster_selector(&rs.name_any())))
-        .await?;
-    let active_name = previous
-        .active_service_status
-        .as_ref()
-        .and_then(|s| s.ray_cluster_name.clone())
-        .filter(|n| !n.is_empty());
-    let pending_name = previous
-        .pending_service_status
-        .as_ref()
-        .and_then(|s| s.ray_cluster_name.clone())
-        .filter(|n| !n.is_empty());
-    let goal = SpecDigests::of(&rs.spec.ray_cluster_config);
+    Ok(None)
+}
 
-    let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
-    for cluster in listed.items {
-        let name = cluster.name_any();
-        let watched = Some(&name) == active_name.as_ref() || Some(&name) == pending_name.as_ref();
-        let (head_ready, head_message, head_pod) = head_health(&ctx.client, &ns, &cluster).await?;
-        let (serve, dashboard_error) = if watched && head_ready {
-            match ctx.dashboard.status(&ns, &name).await {
-                Ok(s) => (Some(s), None),
-                Err(e) => (None, Some(e.to_string())),
-            }
-        } else {
-            (None, None)
-        };
-        seen.insert(
-            name,
-            Seen {
-                cluster,
-                head_ready,
-                head_message,
-                head_pod,
-                serve,
-                dashboard_error,
-            },
-        );
-    }
-    adopt_kuberay_clusters(&rs, ctx, &clusters_api, &goal, &mut seen).await?;
+fn incremental(rs: &RayService, ctx: &Context) -> bool {
+    rs.spec.upgrade_type() == Some(UpgradeType::NewClusterWithIncrementalUpgrade)
+        && ctx.options.feature_gates.incremental_upgrade()
+}
 
-    let facts = Facts {
-        strategy: rs.spec.upgrade_type().unwrap_or(UpgradeType::NewCluster),
-        goal: goal.clone(),
-        active: active_name.clone(),
-        pending: pending_name.clone(),
-        clusters: seen.values().map(cluster_facts).collect(),
-        deletion_delay: SignedDuration::from_secs(i64::from(rs.spec.deletion_delay_seconds().max(0))),
-        now,
-        new_name: children::cluster_name(&rs.name_any()),
-        incremental,
-        rejected_spec: incremental
-            .then(|| crate::incremental::rejected_spec(&previous))
-            .flatten(),
-    };
-    let decision = lifecycle::decide(&facts);
-    apply_cluster_actions(&rs, ctx, &clusters_api, &decision, &seen, incremental).await?;
+/// Everything one pass reads: the RayService's clusters, their heads and (for the active and pending ones)
+/// their Serve status.
+struct Observation {
+    incremental: bool,
+    active: Option<String>,
+    pending: Option<String>,
+    goal: SpecDigests,
+    clusters: BTreeMap<String, Seen>,
+}
 
-    // Serve config goes only to the clusters built from the current spec.
-    let mut pushed = false;
-    for target in &decision.config_targets {
-        if let Some(s) = seen
-            .get(target)
-            .filter(|s| s.head_ready && s.dashboard_error.is_none())
-        {
-            // In incremental mode the config carries the cluster's target_capacity (a new pending cluster: 0).
-            let capacity = incremental
-                .then(|| target_capacity(&previous, target, decision.active.is_none()))
-                .flatten();
-            pushed |= push_serve_config(&rs, ctx, &ns, &s.cluster, capacity, s.serve.as_ref()).await?;
+impl Observation {
+    fn facts(&self, rs: &RayService, previous: &RayServiceStatuses, now: Timestamp) -> Facts {
+        Facts {
+            strategy: rs.spec.upgrade_type().unwrap_or(UpgradeType::NewCluster),
+            goal: self.goal.clone(),
+            active: self.active.clone(),
+            pending: self.pending.clone(),
+            clusters: self.clusters.values().map(cluster_facts).collect(),
+            deletion_delay: SignedDuration::from_secs(i64::from(rs.spec.deletion_delay_seconds().max(0))),
+            now,
+            new_name: children::cluster_name(&rs.name_any()),
+            incremental: self.incremental,
+            rejected_spec: self
+                .incremental
+                .then(|| crate::incremental::rejected_spec(previous))
+                .flatten(),
         }
     }
-    let mut proxy_failing = false;
-    let mut proxies_checked = false;
+
+    fn cluster(&self, name: &Option<String>) -> Option<&Seen> {
+        name.as_ref().and_then(|n| self.clusters.get(n))
+    }
+
+    /// The first dashboard failure seen this pass.
+    fn dashboard_problem(&self) -> Option<String> {
+        self.clusters.values().find_map(|s| s.dashboard_error.clone())
+    }
+}
+
+async fn observe(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses) -> Result<Observation> {
+    let ns = rs.namespace().unwrap_or_default();
+    let side = |s: &Option<ClusterServiceStatus>| {
+        s.as_ref()
+            .and_then(|s| s.ray_cluster_name.clone())
+            .filter(|n| !n.is_empty())
+    };
+    let (active, pending) = (
+        side(&previous.active_service_status),
+        side(&previous.pending_service_status),
+    );
+    let listed = Api::<RayCluster>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default().labels(&children::cluster_selector(&rs.name_any())))
+        .await?;
+    let mut clusters = BTreeMap::new();
+    for cluster in listed.items {
+        let name = cluster.name_any();
+        let watched = Some(&name) == active.as_ref() || Some(&name) == pending.as_ref();
+        clusters.insert(name, observe_cluster(ctx, &ns, cluster, watched).await?);
+    }
+    Ok(Observation {
+        incremental: incremental(rs, ctx),
+        active,
+        pending,
+        goal: SpecDigests::of(&rs.spec.ray_cluster_config),
+        clusters,
+    })
+}
+
+/// One cluster's head and, when it is active or pending and its head is ready, its Serve status.
+async fn observe_cluster(ctx: &Context, ns: &str, cluster: RayCluster, watched: bool) -> Result<Seen> {
+    let (head_ready, head_message, head_pod) = head_health(&ctx.client, ns, &cluster).await?;
+    let (serve, dashboard_error) = if watched && head_ready {
+        match ctx.dashboard.status(ns, &cluster.name_any()).await {
+            Ok(s) => (Some(s), None),
+            Err(e) => (None, Some(e.to_string())),
+        }
+    } else {
+        (None, None)
+    };
+    Ok(Seen {
+        cluster,
+        head_ready,
+        head_message,
+        head_pod,
+        serve,
+        dashboard_error,
+    })
+}
+
+/// What applying the decision found that decides when to look again.
+struct Applied {
+    pushed: bool,
+    proxies_checked: bool,
+    proxy_failing: bool,
+}
+
+/// Clusters, Serve configs, the head's serve label and the Services, as decided.
+async fn apply(rs: &RayService, ctx: &Context, seen: &Observation, decision: &Decision) -> Result<Applied> {
+    let ns = rs.namespace().unwrap_or_default();
+    let clusters_api: Api<RayCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    apply_cluster_actions(rs, ctx, &clusters_api, decision, &seen.clusters, seen.incremental).await?;
+    let pushed = push_serve_configs(rs, ctx, seen, decision).await?;
+    let mut applied = Applied {
+        pushed,
+        proxies_checked: false,
+        proxy_failing: false,
+    };
     for name in [&decision.active, &decision.pending].into_iter().flatten() {
         if let Some((s, pod)) = seen
+            .clusters
             .get(name)
             .filter(|s| s.head_ready)
             .and_then(|s| Some((s, s.head_pod.as_ref()?)))
         {
-            proxies_checked = true;
-            proxy_failing |= update_head_serve_label(&rs, ctx, &ns, &s.cluster.name_any(), pod).await?;
+            applied.proxies_checked = true;
+            applied.proxy_failing |=
+                update_head_serve_label(rs, ctx, &ns, &s.cluster.name_any(), pod).await?;
         }
     }
     if let Some(target) = &decision.serve_target {
-        apply_child::<Service>(ctx, &ns, children::head_service(&rs, target)).await?;
+        apply_child::<Service>(ctx, &ns, children::head_service(rs, target)).await?;
         // Incremental mode routes through the Gateway to per-cluster serve Services instead.
-        if !incremental {
-            apply_child::<Service>(ctx, &ns, children::serve_service(&rs, target)).await?;
+        if !seen.incremental {
+            apply_child::<Service>(ctx, &ns, children::serve_service(rs, target)).await?;
         }
     }
     // Clusters no longer active or pending need neither their config record nor their health count.
@@ -443,61 +507,100 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
         .map(String::as_str)
         .collect();
     ctx.records().keep_only(&rs.uid().unwrap_or_default(), &current);
-
     if let Some(p) = &decision.promoted {
-        let from = active_name.clone().unwrap_or_else(|| "none".into());
-        ctx.event(
-            &rs,
-            EventType::Normal,
-            "Promoted",
-            "Reconcile",
-            format!("Promoted RayCluster {ns}/{p} (was {from}): it serves all traffic now"),
-        )
-        .await;
+        let from = seen.active.clone().unwrap_or_else(|| "none".into());
+        let note = format!("Promoted RayCluster {ns}/{p} (was {from}): it serves all traffic now");
+        ctx.event(rs, EventType::Normal, "Promoted", "Reconcile", note)
+            .await;
     }
+    Ok(applied)
+}
+
+/// Serve config goes only to the clusters built from the current spec; returns whether any was pushed.
+async fn push_serve_configs(
+    rs: &RayService,
+    ctx: &Context,
+    seen: &Observation,
+    decision: &Decision,
+) -> Result<bool> {
+    let ns = rs.namespace().unwrap_or_default();
+    let previous = rs.status.clone().unwrap_or_default();
+    let mut pushed = false;
+    for target in &decision.config_targets {
+        if let Some(s) = seen
+            .clusters
+            .get(target)
+            .filter(|s| s.head_ready && s.dashboard_error.is_none())
+        {
+            // In incremental mode the config carries the cluster's target_capacity (a new pending cluster: 0).
+            let capacity = seen
+                .incremental
+                .then(|| target_capacity(&previous, target, decision.active.is_none()))
+                .flatten();
+            pushed |= push_serve_config(rs, ctx, &ns, &s.cluster, capacity, s.serve.as_ref()).await?;
+        }
+    }
+    Ok(pushed)
+}
+
+/// What writing the status left to wait for.
+struct Settled {
+    incremental_wake: Option<Duration>,
+    dashboard_problem: Option<String>,
+}
+
+/// The new status (with the incremental upgrade's step, if any), its metrics, and the write if it changed.
+async fn settle_status(
+    rs: &RayService,
+    ctx: &Context,
+    previous: &RayServiceStatuses,
+    seen: &Observation,
+    decision: &Decision,
+    now: Timestamp,
+) -> Result<Settled> {
+    let ns = rs.namespace().unwrap_or_default();
     let endpoints = match &decision.serve_target {
         Some(t) => serve_endpoints(&ctx.client, &ns, t).await?,
         None => 0,
     };
-    let dashboard_problem = seen.values().find_map(|s| s.dashboard_error.clone());
+    let dashboard_problem = seen.dashboard_problem();
     let mut status = build_status(
-        &rs,
-        &previous,
-        &decision,
-        &seen,
+        rs,
+        previous,
+        decision,
+        &seen.clusters,
         endpoints,
         dashboard_problem.as_deref(),
         now,
     );
     let mut incremental_wake = None;
-    if incremental {
-        let cluster = |n: &Option<String>| n.as_ref().and_then(|n| seen.get(n));
-        let (a, p) = (cluster(&decision.active), cluster(&decision.pending));
+    if seen.incremental {
+        let (a, p) = (seen.cluster(&decision.active), seen.cluster(&decision.pending));
         let pass = crate::incremental::Pass {
-            rs: &rs,
+            rs,
             ctx,
             ns: &ns,
             active: a.map(|s| &s.cluster),
             pending: p.map(|s| &s.cluster),
             active_serve: a.filter(|s| s.head_ready).and_then(|s| s.serve.as_ref()),
             pending_serve: p.filter(|s| s.head_ready).and_then(|s| s.serve.as_ref()),
-            goal_spec: &goal.spec,
+            goal_spec: &seen.goal.spec,
             now,
         };
         incremental_wake = crate::incremental::advance(&pass, &mut status).await?;
     }
     record_upgrade_outcomes(
-        &rs,
+        rs,
         ctx,
-        &decision,
-        active_name.is_some(),
-        incremental,
+        decision,
+        seen.active.is_some(),
+        seen.incremental,
         &mut status,
         now,
     );
-    ctx.publish_metrics(&rs, &status, &service_view(&rs, &status, now));
-    if conditions::status_changed(Some(&previous), &status) {
-        write_status(&rs, ctx, &status).await?;
+    ctx.publish_metrics(rs, &status, &service_view(rs, &status, now));
+    if conditions::status_changed(Some(previous), &status) {
+        write_status(rs, ctx, &status).await?;
     }
     if let Some(problem) = &dashboard_problem {
         let before = previous
@@ -508,7 +611,7 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
             .any(|c| c.reason == reason::DASHBOARD_UNREACHABLE);
         if !before {
             ctx.event(
-                &rs,
+                rs,
                 EventType::Warning,
                 "DashboardUnreachable",
                 "Reconcile",
@@ -517,35 +620,50 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
             .await;
         }
     }
+    Ok(Settled {
+        incremental_wake,
+        dashboard_problem,
+    })
+}
 
-    // Requeue only when something is due: a deletion, or Serve apps still settling (no watch exists there).
-    let waiting_for_serve = [&decision.active, &decision.pending]
+/// Requeue only when something is due: a step, a deletion, Serve apps still settling or a proxy to check
+/// (nothing can be watched there).
+fn next_wake(
+    ctx: &Context,
+    seen: &Observation,
+    decision: &Decision,
+    applied: &Applied,
+    settled: &Settled,
+    now: Timestamp,
+) -> Duration {
+    let settling = [&decision.active, &decision.pending]
         .into_iter()
         .flatten()
         .any(|c| {
-            seen.get(c)
+            seen.clusters
+                .get(c)
                 .is_some_and(|s| s.head_ready && !s.serve.as_ref().is_some_and(ServeStatus::all_running))
-        })
-        || pushed
-        || proxy_failing
-        || dashboard_problem.is_some()
+        });
+    let waiting_for_serve = settling
+        || applied.pushed
+        || applied.proxy_failing
+        || settled.dashboard_problem.is_some()
         || decision.promoted.is_some();
     let mut next = ctx.options.resync_interval;
-    if let Some(wake) = incremental_wake {
+    if let Some(wake) = settled.incremental_wake {
         next = next.min(wake);
     }
     if waiting_for_serve {
         next = next.min(ctx.options.serve_poll_interval);
     }
-    // Nothing to watch on a Serve proxy either: a serving head is checked on a timer.
-    if proxies_checked {
+    if applied.proxies_checked {
         next = next.min(ctx.options.serve_health_interval);
     }
     if let Some(at) = decision.wake_at {
         let secs = at.duration_since(now).as_secs_f64().max(0.05);
         next = next.min(Duration::from_secs_f64(secs));
     }
-    Ok(Action::requeue(next))
+    next
 }
 
 pub fn validation_config(options: &ControllerOptions) -> ValidationConfig {
@@ -783,10 +901,10 @@ async fn serve_endpoints(client: &Client, ns: &str, cluster: &str) -> Result<i32
 async fn adopt_kuberay_clusters(
     rs: &RayService,
     ctx: &Context,
-    api: &Api<RayCluster>,
     goal: &SpecDigests,
     seen: &mut BTreeMap<String, Seen>,
 ) -> Result<()> {
+    let api: Api<RayCluster> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
     for s in seen
         .values_mut()
         .filter(|s| !s.cluster.annotations().contains_key(SPEC_HASH_ANNOTATION))
