@@ -127,6 +127,16 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Op
     step(p, status, &options, active, pending).await
 }
 
+/// The two clusters of a running upgrade and what this pass knows about them.
+struct Upgrade<'a> {
+    active: &'a RayCluster,
+    pending: &'a RayCluster,
+    /// The spec digest the pending cluster was built from.
+    pending_digest: Option<String>,
+    /// Levels and steering as this pass began.
+    observed: Observed,
+}
+
 async fn step(
     p: &Pass<'_>,
     status: &mut RayServiceStatuses,
@@ -134,6 +144,36 @@ async fn step(
     active: &RayCluster,
     pending: &RayCluster,
 ) -> Result<Option<Duration>> {
+    let u = steer(p, status, options, active, pending).await?;
+    let action = paced_action(options, &u.observed).await;
+    match action {
+        Action::Wait { until, reason } => return Ok(Some(wait(p, status, options, &u, until, reason).await)),
+        Action::SetTargetCapacity { role, percent } => {
+            if !set_target_capacity(p, status, &u, role, percent).await? {
+                return Ok(Some(p.ctx.options.serve_poll_interval));
+            }
+        }
+        Action::SetTraffic { active, pending } => set_traffic(p, status, &u, active, pending).await?,
+        Action::Promote => promote(p, status, &u).await,
+        Action::FinishRollback => finish_rollback(p, status, &u).await,
+    }
+    if status.pending_service_status.is_some() {
+        status.progress.last_progress_time = Some(p.now);
+    }
+    set_progressing(p, status, None);
+    // Act again at once: the next decision needs fresh observations.
+    Ok(Some(Duration::from_millis(20)))
+}
+
+/// Abort, deadline and pause first (pure, [`UpgradeProgress::steer`]), with their events; then what the
+/// planner sees.
+async fn steer<'a>(
+    p: &Pass<'_>,
+    status: &mut RayServiceStatuses,
+    options: &UpgradeOptions,
+    active: &'a RayCluster,
+    pending: &'a RayCluster,
+) -> Result<Upgrade<'a>> {
     let annotations = p.rs.annotations();
     let control = upgrade_control::control(annotations);
     let pending_digest = pending.annotations().get(SPEC_HASH_ANNOTATION).cloned();
@@ -163,7 +203,6 @@ async fn step(
             .event(p.rs, EventType::Normal, "UpgradeResumed", "Reconcile", note)
             .await;
     }
-
     let a = levels(status.active_service_status.as_ref(), Role::Active);
     let pl = levels(status.pending_service_status.as_ref(), Role::Pending);
     let observed = Observed {
@@ -179,199 +218,211 @@ async fn step(
         hurry: control == Control::Promote,
         now: p.now,
     };
-    let mut action = upgrade::next_action(options, &observed);
-    // Exact pacing: the pass wakes a little before a step is due (observing takes a few API calls),
-    // then writes the weights at the due instant, on observations a few hundred milliseconds old at most.
-    if let Action::Wait {
+    Ok(Upgrade {
+        active,
+        pending,
+        pending_digest,
+        observed,
+    })
+}
+
+/// The planner's action. Exact pacing: the pass wakes a little before a step is due (observing takes a few
+/// API calls), then writes the weights at the due instant, on observations a few hundred ms old at most.
+async fn paced_action(options: &UpgradeOptions, observed: &Observed) -> Action {
+    let action = upgrade::next_action(options, observed);
+    let Action::Wait {
         until: Some(due),
         reason: WaitReason::Interval,
     } = action
-    {
-        let left = due.duration_since(Timestamp::now());
-        if left <= SignedDuration::from_millis(STEP_LEAD_MS) {
-            if left.is_positive() {
-                tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64())).await;
-            }
-            action = upgrade::next_action(options, &Observed { now: due, ..observed });
+    else {
+        return action;
+    };
+    let left = due.duration_since(Timestamp::now());
+    if left > SignedDuration::from_millis(STEP_LEAD_MS) {
+        return action;
+    }
+    if left.is_positive() {
+        tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64())).await;
+    }
+    upgrade::next_action(
+        options,
+        &Observed {
+            now: due,
+            ..*observed
+        },
+    )
+}
+
+/// Records why the upgrade waits and returns when to look again.
+async fn wait(
+    p: &Pass<'_>,
+    status: &mut RayServiceStatuses,
+    options: &UpgradeOptions,
+    u: &Upgrade<'_>,
+    until: Option<Timestamp>,
+    reason: WaitReason,
+) -> Duration {
+    let paused_before = was_paused(status);
+    set_progressing(p, status, Some(reason));
+    if reason == WaitReason::Paused && !paused_before {
+        let note = "Incremental upgrade paused by rayshift.io/upgrade-control".to_string();
+        p.ctx
+            .event(p.rs, EventType::Normal, "UpgradePaused", "Reconcile", note)
+            .await;
+    }
+    match until {
+        Some(t) => {
+            let wake = t.duration_since(Timestamp::now()).as_secs_f64() - STEP_LEAD_MS as f64 / 1000.0;
+            Duration::from_secs_f64(wake.max(0.0))
+        }
+        None => {
+            let due = u.observed.last_traffic_step.map(|t| t + options.interval);
+            capacity_wake(p, reason, due)
         }
     }
-    let ns = p.ns;
-    match action {
-        Action::Wait { until, reason } => {
-            let paused_before = was_paused(status);
-            set_progressing(p, status, Some(reason));
-            if reason == WaitReason::Paused && !paused_before {
-                p.ctx
-                    .event(
-                        p.rs,
-                        EventType::Normal,
-                        "UpgradePaused",
-                        "Reconcile",
-                        "Incremental upgrade paused by rayshift.io/upgrade-control".into(),
-                    )
-                    .await;
-            }
-            return Ok(Some(match until {
-                Some(t) => {
-                    let wake =
-                        t.duration_since(Timestamp::now()).as_secs_f64() - STEP_LEAD_MS as f64 / 1000.0;
-                    Duration::from_secs_f64(wake.max(0.0))
-                }
-                None => capacity_wake(p, reason, last_step.map(|t| t + options.interval)),
-            }));
-        }
-        Action::SetTargetCapacity { role, percent } => {
-            let cluster = if role == Role::Active { active } else { pending };
-            // Serve must be up on that cluster (and hold its config) before its capacity can change.
-            let reachable = if role == Role::Active {
-                p.active_serve.is_some()
-            } else {
-                p.pending_serve.is_some()
-            };
-            if !reachable {
-                let reason = if role == Role::Active {
-                    WaitReason::ActiveCapacityNotReady
-                } else {
-                    WaitReason::PendingCapacityNotReady
-                };
-                set_progressing(p, status, Some(reason));
-                return Ok(Some(p.ctx.options.serve_poll_interval));
-            }
-            set_capacity(p, cluster, percent).await?;
-            p.ctx
-                .metrics
-                .capacity_change(p.ns, &p.rs.name_any(), role.as_str());
-            let side = if role == Role::Active {
-                &mut status.active_service_status
-            } else {
-                &mut status.pending_service_status
-            };
-            let from = if role == Role::Active {
-                a.capacity
-            } else {
-                pl.capacity
-            };
-            if let Some(s) = side.as_mut() {
-                s.target_capacity = Some(percent);
-            }
-            let note = format!(
-                "Set target_capacity of {} RayCluster {ns}/{}: {from}% → {percent}%{}",
-                role.as_str(),
-                cluster.name_any(),
-                rolling_back(direction)
-            );
-            p.ctx
-                .event(
-                    p.rs,
-                    EventType::Normal,
-                    "UpdatedServeTargetCapacity",
-                    "Update",
-                    note,
-                )
-                .await;
-        }
-        Action::SetTraffic {
-            active: wa,
-            pending: wp,
-        } => {
-            // Stamped when the weights are written, not when the pass began: the next step is due an
-            // interval after the traffic really moved.
-            let written = Timestamp::now();
-            let waited = last_step.map(|t| written.duration_since(t).as_secs_f64());
-            p.ctx.metrics.traffic_step(p.ns, &p.rs.name_any(), waited);
-            let stamp = Some(Time(written));
-            status.progress.last_traffic_step_time = Some(written);
-            if let Some(s) = status.active_service_status.as_mut() {
-                s.traffic_routed_percent = Some(wa);
-                s.last_traffic_migrated_time = stamp.clone();
-            }
-            if let Some(s) = status.pending_service_status.as_mut() {
-                s.traffic_routed_percent = Some(wp);
-                s.last_traffic_migrated_time = stamp;
-            }
-            apply_route(p, status).await?;
-            p.ctx
-                .event(
-                    p.rs,
-                    EventType::Normal,
-                    "UpdatedHTTPRoute",
-                    "Update",
-                    format!(
-                        "Moved traffic: {} {}% → {wa}%, {} {}% → {wp}%{}",
-                        active.name_any(),
-                        a.traffic,
-                        pending.name_any(),
-                        pl.traffic,
-                        rolling_back(direction)
-                    ),
-                )
-                .await;
-        }
-        Action::Promote => {
-            let mut promoted = status.pending_service_status.take().unwrap_or_default();
-            promoted.target_capacity = Some(100);
-            promoted.traffic_routed_percent = Some(100);
-            status.active_service_status = Some(promoted);
-            let took = status.progress.duration(p.now);
-            p.ctx.metrics.upgrade(p.ns, &p.rs.name_any(), "completed", took);
-            status.progress = UpgradeProgress::default();
-            p.ctx
-                .event(
-                    p.rs,
-                    EventType::Normal,
-                    "Promoted",
-                    "Reconcile",
-                    format!(
-                        "Promoted RayCluster {ns}/{}: it serves all traffic now; {} will be deleted",
-                        pending.name_any(),
-                        active.name_any()
-                    ),
-                )
-                .await;
-        }
-        Action::FinishRollback => {
-            status.pending_service_status = None;
-            if let Some(s) = status.active_service_status.as_mut() {
-                s.target_capacity = Some(100);
-                s.traffic_routed_percent = Some(100);
-            }
-            // An abort or a missed deadline rejects the spec the pending cluster ran; a spec change does not.
-            let (result, rejected) = match &status.progress.upgrade_abort {
-                Some(a) if a.reason == AbortReason::UpgradeAborted => ("aborted", pending_digest),
-                Some(_) => ("rolled_back", pending_digest),
-                None => ("rolled_back", status.progress.rejected_spec_digest.clone()),
-            };
-            let took = status.progress.duration(p.now);
-            p.ctx.metrics.upgrade(p.ns, &p.rs.name_any(), result, took);
-            status.progress = status.progress.finished(rejected);
-            let conds = status.conditions.take().unwrap_or_default();
-            status.conditions = Some(conditions::merge(
-                &conds,
-                &[],
-                &[conditions::ROLLBACK_IN_PROGRESS],
-                generation(p),
-                &Time(p.now),
-            ));
-            p.ctx
-                .event(
-                    p.rs,
-                    EventType::Normal,
-                    "RolledBack",
-                    "Reconcile",
-                    format!(
-                        "Rollback complete: all traffic and capacity are back on RayCluster {ns}/{}",
-                        active.name_any()
-                    ),
-                )
-                .await;
-        }
+}
+
+/// PUTs the new target_capacity; `false` when that cluster's Serve cannot take it yet.
+async fn set_target_capacity(
+    p: &Pass<'_>,
+    status: &mut RayServiceStatuses,
+    u: &Upgrade<'_>,
+    role: Role,
+    percent: i32,
+) -> Result<bool> {
+    let (cluster, serve, from) = match role {
+        Role::Active => (u.active, p.active_serve, u.observed.active.capacity),
+        Role::Pending => (u.pending, p.pending_serve, u.observed.pending.capacity),
+    };
+    // Serve must be up on that cluster (and hold its config) before its capacity can change.
+    if serve.is_none() {
+        let reason = match role {
+            Role::Active => WaitReason::ActiveCapacityNotReady,
+            Role::Pending => WaitReason::PendingCapacityNotReady,
+        };
+        set_progressing(p, status, Some(reason));
+        return Ok(false);
     }
-    if status.pending_service_status.is_some() {
-        status.progress.last_progress_time = Some(p.now);
+    set_capacity(p, cluster, percent).await?;
+    p.ctx
+        .metrics
+        .capacity_change(p.ns, &p.rs.name_any(), role.as_str());
+    let side = match role {
+        Role::Active => &mut status.active_service_status,
+        Role::Pending => &mut status.pending_service_status,
+    };
+    if let Some(s) = side.as_mut() {
+        s.target_capacity = Some(percent);
     }
-    set_progressing(p, status, None);
-    // Act again at once: the next decision needs fresh observations.
-    Ok(Some(Duration::from_millis(20)))
+    let note = format!(
+        "Set target_capacity of {} RayCluster {}/{}: {from}% → {percent}%{}",
+        role.as_str(),
+        p.ns,
+        cluster.name_any(),
+        rolling_back(u.observed.direction)
+    );
+    p.ctx
+        .event(
+            p.rs,
+            EventType::Normal,
+            "UpdatedServeTargetCapacity",
+            "Update",
+            note,
+        )
+        .await;
+    Ok(true)
+}
+
+async fn set_traffic(
+    p: &Pass<'_>,
+    status: &mut RayServiceStatuses,
+    u: &Upgrade<'_>,
+    wa: i32,
+    wp: i32,
+) -> Result<()> {
+    // Stamped when the weights are written, not when the pass began: the next step is due an interval after
+    // the traffic really moved.
+    let written = Timestamp::now();
+    let waited = u
+        .observed
+        .last_traffic_step
+        .map(|t| written.duration_since(t).as_secs_f64());
+    p.ctx.metrics.traffic_step(p.ns, &p.rs.name_any(), waited);
+    let stamp = Some(Time(written));
+    status.progress.last_traffic_step_time = Some(written);
+    if let Some(s) = status.active_service_status.as_mut() {
+        s.traffic_routed_percent = Some(wa);
+        s.last_traffic_migrated_time = stamp.clone();
+    }
+    if let Some(s) = status.pending_service_status.as_mut() {
+        s.traffic_routed_percent = Some(wp);
+        s.last_traffic_migrated_time = stamp;
+    }
+    apply_route(p, status).await?;
+    let note = format!(
+        "Moved traffic: {} {}% → {wa}%, {} {}% → {wp}%{}",
+        u.active.name_any(),
+        u.observed.active.traffic,
+        u.pending.name_any(),
+        u.observed.pending.traffic,
+        rolling_back(u.observed.direction)
+    );
+    p.ctx
+        .event(p.rs, EventType::Normal, "UpdatedHTTPRoute", "Update", note)
+        .await;
+    Ok(())
+}
+
+async fn promote(p: &Pass<'_>, status: &mut RayServiceStatuses, u: &Upgrade<'_>) {
+    let mut promoted = status.pending_service_status.take().unwrap_or_default();
+    promoted.target_capacity = Some(100);
+    promoted.traffic_routed_percent = Some(100);
+    status.active_service_status = Some(promoted);
+    let took = status.progress.duration(p.now);
+    p.ctx.metrics.upgrade(p.ns, &p.rs.name_any(), "completed", took);
+    status.progress = UpgradeProgress::default();
+    let note = format!(
+        "Promoted RayCluster {}/{}: it serves all traffic now; {} will be deleted",
+        p.ns,
+        u.pending.name_any(),
+        u.active.name_any()
+    );
+    p.ctx
+        .event(p.rs, EventType::Normal, "Promoted", "Reconcile", note)
+        .await;
+}
+
+async fn finish_rollback(p: &Pass<'_>, status: &mut RayServiceStatuses, u: &Upgrade<'_>) {
+    status.pending_service_status = None;
+    if let Some(s) = status.active_service_status.as_mut() {
+        s.target_capacity = Some(100);
+        s.traffic_routed_percent = Some(100);
+    }
+    // An abort or a missed deadline rejects the spec the pending cluster ran; a spec change does not.
+    let (result, rejected) = match &status.progress.upgrade_abort {
+        Some(a) if a.reason == AbortReason::UpgradeAborted => ("aborted", u.pending_digest.clone()),
+        Some(_) => ("rolled_back", u.pending_digest.clone()),
+        None => ("rolled_back", status.progress.rejected_spec_digest.clone()),
+    };
+    let took = status.progress.duration(p.now);
+    p.ctx.metrics.upgrade(p.ns, &p.rs.name_any(), result, took);
+    status.progress = status.progress.finished(rejected);
+    let conds = status.conditions.take().unwrap_or_default();
+    status.conditions = Some(conditions::merge(
+        &conds,
+        &[],
+        &[conditions::ROLLBACK_IN_PROGRESS],
+        generation(p),
+        &Time(p.now),
+    ));
+    let note = format!(
+        "Rollback complete: all traffic and capacity are back on RayCluster {}/{}",
+        p.ns,
+        u.active.name_any()
+    );
+    p.ctx
+        .event(p.rs, EventType::Normal, "RolledBack", "Reconcile", note)
+        .await;
 }
 
 /// When to look again while a step waits for Serve capacity. A step is due at `last step + interval` or at
