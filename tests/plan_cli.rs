@@ -237,3 +237,32 @@ fn exit_codes_tell_bad_flags_from_runtime_failures() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Durations take seconds or units, and a value below a flag's minimum is refused, never raised in silence.
+#[test]
+fn duration_flags_refuse_what_they_cannot_honour() {
+    let out = rayshift(&["controller", "--serve-poll-interval-seconds", "0.001"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be at least 0.05 s"));
+    let out = rayshift(&["controller", "--resync-interval-seconds", "soon"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a duration"));
+    let out = rayshift(&["webhook", "--request-timeout-seconds", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    // Units are accepted: this fails only later, at the kubeconfig (exit 1, not a usage error).
+    let out = rayshift(&[
+        "controller",
+        "--serve-poll-interval-seconds",
+        "300ms",
+        "--resync-interval-seconds",
+        "1m30s",
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

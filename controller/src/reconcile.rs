@@ -289,7 +289,13 @@ struct Seen {
 
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
-    let result = pass(&cached, &ctx).await;
+    // Every log line of the pass names its RayService.
+    let span = tracing::info_span!(
+        "reconcile",
+        rayservice = %cached.name_any(),
+        namespace = %cached.namespace().unwrap_or_default()
+    );
+    let result = tracing::Instrument::instrument(pass(&cached, &ctx), span).await;
     // Deleted while this pass ran: whatever it counted is dropped again.
     let uid = cached.uid().unwrap_or_default();
     if ctx

@@ -10,7 +10,10 @@ use prometheus::Registry;
 use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER};
 use rayshift_controller::{ControllerOptions, Mode, dashboard};
 
-use super::{CliError, DeadlineArgs, GateArgs, logging::LogArgs, runtime, serve_metrics, shutdown, webhook};
+use super::{
+    CliError, DeadlineArgs, GateArgs, duration_at_least, logging::LogArgs, runtime, serve_metrics, shutdown,
+    webhook,
+};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum ModeArg {
@@ -39,23 +42,23 @@ pub struct ControllerArgs {
     #[arg(long, default_value = dashboard::DEFAULT_HEALTH_URL_TEMPLATE)]
     serve_health_url_template: String,
     /// Check serving heads' Serve proxies this often when nothing else is due.
-    #[arg(long, default_value_t = 10.0)]
-    serve_health_interval_seconds: f64,
+    #[arg(long, default_value = "10", value_parser = duration_at_least(0.5))]
+    serve_health_interval_seconds: Duration,
     /// Reach dashboards (and head Pods' Serve proxies) through the apiserver's proxy instead.
     #[arg(long)]
     use_kubernetes_proxy: bool,
     /// Timeout of one Ray dashboard request.
-    #[arg(long, default_value_t = 2.0)]
-    dashboard_timeout_seconds: f64,
+    #[arg(long, default_value = "2", value_parser = duration_at_least(0.1))]
+    dashboard_timeout_seconds: Duration,
     /// Re-read Serve status this often while waiting for applications to run.
-    #[arg(long, default_value_t = 2.0)]
-    serve_poll_interval_seconds: f64,
+    #[arg(long, default_value = "2", value_parser = duration_at_least(0.05))]
+    serve_poll_interval_seconds: Duration,
     /// Re-read Serve status this often while a due traffic step waits only for its capacity to be verified.
-    #[arg(long, default_value_t = 0.05)]
-    capacity_poll_interval_seconds: f64,
+    #[arg(long, default_value = "0.05", value_parser = duration_at_least(0.01))]
+    capacity_poll_interval_seconds: Duration,
     /// Re-read Serve status this often when settled (writes only on change).
-    #[arg(long, default_value_t = 60.0)]
-    resync_interval_seconds: f64,
+    #[arg(long, default_value = "60", value_parser = duration_at_least(1.0))]
+    resync_interval_seconds: Duration,
     /// Move traffic without waiting for Gateway/HTTPRoute status (Gateway controllers that publish none).
     #[arg(long)]
     skip_gateway_status_check: bool,
@@ -79,13 +82,13 @@ impl ControllerArgs {
                 ModeArg::Reconcile => Mode::Reconcile,
             },
             feature_gates: gates,
-            serve_poll_interval: Duration::from_secs_f64(self.serve_poll_interval_seconds.max(0.05)),
-            capacity_poll_interval: Duration::from_secs_f64(self.capacity_poll_interval_seconds.max(0.01)),
-            resync_interval: Duration::from_secs_f64(self.resync_interval_seconds.max(1.0)),
+            serve_poll_interval: self.serve_poll_interval_seconds,
+            capacity_poll_interval: self.capacity_poll_interval_seconds,
+            resync_interval: self.resync_interval_seconds,
             skip_gateway_status_check: self.skip_gateway_status_check,
             progress_deadline_seconds: deadline.progress_deadline_seconds,
             serve_health_url_template: self.serve_health_url_template.clone(),
-            serve_health_interval: Duration::from_secs_f64(self.serve_health_interval_seconds.max(0.5)),
+            serve_health_interval: self.serve_health_interval_seconds,
             ..ControllerOptions::default()
         }
     }
@@ -113,7 +116,7 @@ impl ControllerArgs {
             namespace: self.namespace.clone(),
             options: self.options(gates, managed_by, deadline),
             dashboard_route: self.route(),
-            dashboard_timeout: Duration::from_secs_f64(self.dashboard_timeout_seconds.max(0.1)),
+            dashboard_timeout: self.dashboard_timeout_seconds,
             leader_election,
             readiness: rayshift_controller::Readiness::default(),
         }

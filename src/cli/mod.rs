@@ -223,6 +223,27 @@ pub struct DeadlineArgs {
     pub progress_deadline_seconds: i64,
 }
 
+/// A duration flag: seconds (`0.3`, `60`) or Go-style units (`300ms`, `2s`, `1m30s`), at least `min` seconds.
+/// A smaller value is refused with a usage error (exit 2), never silently raised.
+pub fn duration_at_least(
+    min: f64,
+) -> impl Fn(&str) -> Result<std::time::Duration, String> + Clone + Send + Sync {
+    move |s: &str| {
+        let secs = s
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .or_else(|| rayshift_api::validation::go_duration_seconds(s.trim()))
+            .ok_or_else(|| {
+                format!("{s:?} is not a duration: give seconds (0.5, 60) or units (500ms, 2s, 1m)")
+            })?;
+        if !secs.is_finite() || secs < min {
+            return Err(format!("must be at least {min} s"));
+        }
+        Ok(std::time::Duration::from_secs_f64(secs))
+    }
+}
+
 fn read(path: &std::path::Path) -> Result<String, CliError> {
     let shown = path.display().to_string();
     if shown == "-" {

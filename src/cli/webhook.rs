@@ -22,13 +22,13 @@ pub struct Args {
     #[arg(long, default_value = "/etc/rayshift/tls/tls.key")]
     pub tls_key_file: PathBuf,
     /// Seconds between checks of the certificate files for a rotated pair.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub cert_reload_interval_seconds: u64,
     /// Largest AdmissionReview body accepted; larger ones get 413.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
     /// Time allowed to read and answer one request; slower ones get 408.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout_seconds: u64,
     #[command(flatten)]
     pub gates: GateArgs,
@@ -55,14 +55,14 @@ impl Args {
             webhook_addr: self.webhook_addr,
             tls_cert_file: self.tls_cert_file.clone(),
             tls_key_file: self.tls_key_file.clone(),
-            cert_reload_interval: Duration::from_secs(self.cert_reload_interval_seconds.max(1)),
+            cert_reload_interval: Duration::from_secs(self.cert_reload_interval_seconds),
             admission: AdmissionConfig {
                 validation,
                 defaults: self.defaults.load()?,
             },
             server: ServerSettings {
                 max_body_bytes: self.max_body_bytes,
-                request_timeout: Duration::from_secs(self.request_timeout_seconds.max(1)),
+                request_timeout: Duration::from_secs(self.request_timeout_seconds),
                 ..ServerSettings::default()
             },
         })

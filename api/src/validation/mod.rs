@@ -17,7 +17,7 @@ mod serve_config;
 mod surge;
 
 pub use names::{is_dns1035_label, is_dns1123_label, label_value_errors, qualified_name_errors};
-pub use rayservice::{StoredObject, decode, decode_str, review, review_str, validate};
+pub use rayservice::{StoredObject, decode, decode_str, go_duration_seconds, review, review_str, validate};
 pub use serve_config::parse_serve_config;
 
 /// What a violated rule says about its field, in the words `kubectl` users know.

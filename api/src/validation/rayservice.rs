@@ -250,7 +250,7 @@ fn initializing_timeout(raw: &str) -> Result<(), String> {
 }
 
 /// Go's `time.ParseDuration`: `[-+]?([0-9]*(\.[0-9]*)?[a-z]+)+`, or a bare `0`.
-pub(crate) fn go_duration_seconds(s: &str) -> Option<f64> {
+pub fn go_duration_seconds(s: &str) -> Option<f64> {
     let (sign, mut rest) = match s.strip_prefix('-') {
         Some(r) => (-1.0, r),
         None => (1.0, s.strip_prefix('+').unwrap_or(s)),
