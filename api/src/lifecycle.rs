@@ -113,6 +113,15 @@ pub fn decide(f: &Facts) -> Decision {
         replaced_pending: None,
         wake_at: None,
     };
+    choose_clusters(f, &mut d);
+    update_pending(f, &mut d);
+    promote_and_target(f, &mut d);
+    schedule_deletions(f, &mut d);
+    d
+}
+
+/// Which cluster is active and which pending, and what the active one needs in place.
+fn choose_clusters(f: &Facts, d: &mut Decision) {
     let builds_new_clusters = f.strategy != UpgradeType::None;
 
     // A pending cluster from an older spec is replaced (the spec changed again mid-upgrade); in
@@ -144,6 +153,10 @@ pub fn decide(f: &Facts) -> Decision {
         }
         _ => {}
     }
+}
+
+/// The pending cluster is created, or updated in place where only its worker groups or scale changed.
+fn update_pending(f: &Facts, d: &mut Decision) {
     if let Some(p) = d.pending.clone() {
         match f.cluster(&p) {
             None => d.actions.push(ClusterAction::Create { name: p }),
@@ -154,8 +167,11 @@ pub fn decide(f: &Facts) -> Decision {
             Some(_) => {}
         }
     }
+}
 
-    // Promotion: a pending cluster whose apps all run takes the Services over.
+/// Promotion (a pending cluster whose apps all run takes the Services over), and where Services and Serve
+/// configs go.
+fn promote_and_target(f: &Facts, d: &mut Decision) {
     let pending_ready = d
         .pending
         .as_deref()
@@ -174,8 +190,10 @@ pub fn decide(f: &Facts) -> Decision {
         (Some(a), None) => vec![a.clone()],
         (None, None) => Vec::new(),
     };
+}
 
-    // Everything else is unused: delete it after the delay, never the cluster that serves.
+/// Everything else is unused: delete it after the delay, never the cluster that serves.
+fn schedule_deletions(f: &Facts, d: &mut Decision) {
     for c in &f.clusters {
         if Some(&c.name) == d.active.as_ref() || Some(&c.name) == d.pending.as_ref() {
             continue;
@@ -193,7 +211,6 @@ pub fn decide(f: &Facts) -> Decision {
             Some(at) => d.wake_at = earliest(d.wake_at, at),
         }
     }
-    d
 }
 
 fn earliest(a: Option<Timestamp>, b: Timestamp) -> Option<Timestamp> {

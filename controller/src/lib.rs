@@ -141,6 +141,23 @@ fn forget_gone(ctx: &Context, listed: &reflector::Store<RayService>, event: &wat
     }
 }
 
+/// One namespace, or all of them.
+fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// RayClusters created for RayServices (KubeRay's label), the ones rayshift owns and watches.
+fn owned() -> watcher::Config {
+    watcher::Config::default().labels("ray.io/originated-from-crd=RayService")
+}
+
 async fn run_controller(
     client: Client,
     config: &RunConfig,
@@ -148,19 +165,7 @@ async fn run_controller(
     leading: Option<Arc<leader::Leadership>>,
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<()> {
-    let namespace = config.namespace.clone();
-    // One namespace, or all of them.
-    fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
-    where
-        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match ns {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
-    let ns = namespace.as_deref();
+    let ns = config.namespace.as_deref();
     let services: Api<RayService> = api(&client, ns);
     // Fail early and clearly when the CRD is missing.
     services
@@ -175,77 +180,26 @@ async fn run_controller(
     )?;
     let ctx = Context::new(client.clone(), dashboard, config.options.clone(), metrics);
     let ctx = Arc::new(ctx.with_leadership(leading));
-
-    // Head Pods belong to RayClusters, not RayServices: map them through a cache of clusters.
-    let (clusters, writer) = reflector::store::<RayCluster>();
-    let owned = watcher::Config::default().labels("ray.io/originated-from-crd=RayService");
-    let cluster_cache = reflector::reflector(writer, watcher(api::<RayCluster>(&client, ns), owned.clone()))
-        .default_backoff()
-        .touched_objects()
-        .for_each(|_| futures::future::ready(()));
-    let cache_task = tokio::spawn(cluster_cache);
-
+    let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
+    let (clusters, cache_task) = cluster_cache(&client, ns);
+    let forget_task = forget_deleted(services.clone(), ctx.clone(), config.readiness.clone());
+    let mut controller = Controller::new(services, watcher::Config::default())
+        .owns(api::<RayCluster>(&client, ns), owned())
+        .owns(api::<Service>(&client, ns), owned());
+    if gateway_api {
+        let any = watcher::Config::default;
+        controller = controller
+            .owns(api::<gateway_api::httproutes::HttpRoute>(&client, ns), any())
+            .owns(api::<gateway_api::gateways::Gateway>(&client, ns), any());
+    }
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
     };
-    // Gateway API objects are watched only where the CRDs exist (the REP: blue/green must work without).
-    let routes = api::<gateway_api::httproutes::HttpRoute>(&client, ns);
-    let gateway_api = routes
-        .list(&kube::api::ListParams::default().limit(1))
-        .await
-        .is_ok();
-    ctx.gateway_api
-        .store(gateway_api, std::sync::atomic::Ordering::Relaxed);
-    if !gateway_api {
-        tracing::warn!(
-            "Gateway API CRDs not found: NewClusterWithIncrementalUpgrade RayServices will wait with a condition"
-        );
-    }
-    // A deleted RayService is never reconciled, so its metric series and records are dropped here, on its
-    // delete event (or, after a re-list, when it is no longer listed). A watch of its own: kube-runtime's
-    // controller does not share its trigger stream without an unstable feature.
-    let (rayservices, rs_writer) = reflector::store::<RayService>();
-    let (forget_ctx, readiness) = (ctx.clone(), config.readiness.clone());
-    let forget_task = tokio::spawn(
-        watcher(services.clone(), watcher::Config::default())
-            .default_backoff()
-            .reflect(rs_writer)
-            .for_each(move |event| {
-                if let Ok(event) = event {
-                    if matches!(event, watcher::Event::InitDone) {
-                        readiness.set_synced(true);
-                    }
-                    forget_gone(&forget_ctx, &rayservices, &event);
-                }
-                futures::future::ready(())
-            }),
-    );
-    let mut controller = Controller::new(services, watcher::Config::default())
-        .owns(api::<RayCluster>(&client, ns), owned.clone())
-        .owns(api::<Service>(&client, ns), owned);
-    if gateway_api {
-        controller = controller.owns(routes, watcher::Config::default()).owns(
-            api::<gateway_api::gateways::Gateway>(&client, ns),
-            watcher::Config::default(),
-        );
-    }
     controller
         .watches(
             api::<Pod>(&client, ns),
             watcher::Config::default().labels("ray.io/node-type"),
-            move |pod| {
-                let cluster = pod.labels().get("ray.io/cluster").cloned();
-                let ns = pod.namespace();
-                cluster
-                    .and_then(|c| clusters.get(&ObjectRef::new(&c).within(ns.as_deref().unwrap_or_default())))
-                    .and_then(|c| {
-                        c.owner_references()
-                            .iter()
-                            .find(|o| o.kind == "RayService")
-                            .map(|o| o.name.clone())
-                    })
-                    .map(|rs| ObjectRef::<RayService>::new(&rs).within(ns.as_deref().unwrap_or_default()))
-            },
+            move |pod| owner_of_pod(&clusters, &pod),
         )
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
@@ -259,4 +213,71 @@ async fn run_controller(
     forget_task.abort();
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// Gateway API objects are watched only where the CRDs exist (the REP: blue/green must work without).
+async fn detect_gateway_api(client: &Client, ns: Option<&str>, ctx: &Context) -> bool {
+    let routes = api::<gateway_api::httproutes::HttpRoute>(client, ns);
+    let found = routes
+        .list(&kube::api::ListParams::default().limit(1))
+        .await
+        .is_ok();
+    ctx.gateway_api.store(found, std::sync::atomic::Ordering::Relaxed);
+    if !found {
+        tracing::warn!(
+            "Gateway API CRDs not found: NewClusterWithIncrementalUpgrade RayServices will wait with a condition"
+        );
+    }
+    found
+}
+
+/// Head Pods belong to RayClusters, not RayServices: they are mapped through a cache of clusters.
+fn cluster_cache(
+    client: &Client,
+    ns: Option<&str>,
+) -> (reflector::Store<RayCluster>, tokio::task::JoinHandle<()>) {
+    let (clusters, writer) = reflector::store::<RayCluster>();
+    let cache = reflector::reflector(writer, watcher(api::<RayCluster>(client, ns), owned()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| futures::future::ready(()));
+    (clusters, tokio::spawn(cache))
+}
+
+/// The RayService owning a head or worker Pod, through its cluster.
+fn owner_of_pod(clusters: &reflector::Store<RayCluster>, pod: &Pod) -> Option<ObjectRef<RayService>> {
+    let ns = pod.namespace().unwrap_or_default();
+    let cluster = pod.labels().get("ray.io/cluster")?;
+    let cluster = clusters.get(&ObjectRef::new(cluster).within(&ns))?;
+    let owner = cluster
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "RayService")?;
+    Some(ObjectRef::new(&owner.name).within(&ns))
+}
+
+/// A deleted RayService is never reconciled, so its metric series and records are dropped here, on its
+/// delete event (or, after a re-list, when it is no longer listed). A watch of its own: kube-runtime's
+/// controller does not share its trigger stream without an unstable feature. Its first full list also
+/// makes the controller ready.
+fn forget_deleted(
+    services: Api<RayService>,
+    ctx: Arc<Context>,
+    readiness: Readiness,
+) -> tokio::task::JoinHandle<()> {
+    let (rayservices, writer) = reflector::store::<RayService>();
+    tokio::spawn(
+        watcher(services, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+            .for_each(move |event| {
+                if let Ok(event) = event {
+                    if matches!(event, watcher::Event::InitDone) {
+                        readiness.set_synced(true);
+                    }
+                    forget_gone(&ctx, &rayservices, &event);
+                }
+                futures::future::ready(())
+            }),
+    )
 }

@@ -1038,38 +1038,43 @@ async fn apply_cluster_actions(
                 api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
             }
-            ClusterAction::Delete { name } => {
-                // Never delete the cluster the Services still select.
-                if serving_cluster(&ctx.client, rs).await?.as_deref() == Some(name.as_str()) {
-                    tracing::warn!(cluster = %name, "not deleting: the serve Service still selects it");
-                    continue;
-                }
-                ctx.before_write("RayCluster", "delete")?;
-                match api.delete(name, &DeleteParams::background()).await {
-                    Ok(_) => {
-                        ctx.event(
-                            rs,
-                            EventType::Normal,
-                            "DeletedRayCluster",
-                            "Delete",
-                            format!("Deleted RayCluster {ns}/{name}"),
-                        )
-                        .await
-                    }
-                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                    Err(e) => {
-                        ctx.event(
-                            rs,
-                            EventType::Warning,
-                            "FailedToDeleteRayCluster",
-                            "Delete",
-                            format!("{ns}/{name}: {e}"),
-                        )
-                        .await;
-                        return Err(e.into());
-                    }
-                }
-            }
+            ClusterAction::Delete { name } => delete_cluster(rs, ctx, api, name).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Deletes a cluster rayshift no longer needs, never the one the serve Service still selects.
+async fn delete_cluster(rs: &RayService, ctx: &Context, api: &Api<RayCluster>, name: &str) -> Result<()> {
+    let ns = rs.namespace().unwrap_or_default();
+    // Never delete the cluster the Services still select.
+    if serving_cluster(&ctx.client, rs).await?.as_deref() == Some(name) {
+        tracing::warn!(cluster = %name, "not deleting: the serve Service still selects it");
+        return Ok(());
+    }
+    ctx.before_write("RayCluster", "delete")?;
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => {
+            ctx.event(
+                rs,
+                EventType::Normal,
+                "DeletedRayCluster",
+                "Delete",
+                format!("Deleted RayCluster {ns}/{name}"),
+            )
+            .await
+        }
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => {
+            ctx.event(
+                rs,
+                EventType::Warning,
+                "FailedToDeleteRayCluster",
+                "Delete",
+                format!("{ns}/{name}: {e}"),
+            )
+            .await;
+            return Err(e.into());
         }
     }
     Ok(())
