@@ -206,6 +206,7 @@ impl Metrics {
             "serve_config",
             "invalid",
             "metrics",
+            "not_leader",
         ] {
             m.reconcile_errors.with_label_values(&[reason]);
         }
