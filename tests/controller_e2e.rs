@@ -148,13 +148,8 @@ impl Env {
     }
 
     async fn events(&self) -> Vec<(String, String)> {
-        let out = self
-            .cp
-            .kubectl(&["get", "events.events.k8s.io", "-n", &self.ns, "-o", "json"]);
-        let v: Value = serde_json::from_str(&out).unwrap();
-        v["items"]
-            .as_array()
-            .unwrap()
+        self.cp
+            .events(&self.ns)
             .iter()
             .map(|e| {
                 (

@@ -175,13 +175,8 @@ impl Env {
     /// Notes of this namespace's events with `reason`, as `kubectl get events` lists them (each Event object
     /// once, with its series count when a message repeated).
     fn event_notes(&self, reason: &str) -> Vec<(String, i64)> {
-        let out = self
-            .cp
-            .kubectl(&["get", "events.events.k8s.io", "-n", &self.ns, "-o", "json"]);
-        let v: Value = serde_json::from_str(&out).unwrap();
-        v["items"]
-            .as_array()
-            .unwrap()
+        self.cp
+            .events(&self.ns)
             .iter()
             .filter(|e| e["reason"] == reason)
             .map(|e| {
@@ -192,13 +187,8 @@ impl Env {
     }
 
     async fn events(&self) -> Vec<String> {
-        let out = self
-            .cp
-            .kubectl(&["get", "events.events.k8s.io", "-n", &self.ns, "-o", "json"]);
-        let v: Value = serde_json::from_str(&out).unwrap();
-        v["items"]
-            .as_array()
-            .unwrap()
+        self.cp
+            .events(&self.ns)
             .iter()
             .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
             .collect()

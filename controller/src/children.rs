@@ -1,14 +1,16 @@
-//! Builders for the objects a RayService owns: its RayClusters and its head and serve Services.
+//! Builders for the objects a RayService owns: its RayClusters, its head and serve Services, and in incremental
+//! mode its Gateway, HTTPRoute and per-cluster serve Services.
 //!
-//! Pure functions from the RayService to JSON bodies for server-side apply. Labels KubeRay's RayCluster
+//! Pure functions from the RayService to bodies for server-side apply (Gateway API objects typed). Labels KubeRay's RayCluster
 //! controller depends on are set exactly (`ray.io/originated-from-crd: RayService` changes how it labels and
 //! probes Pods, reference 4).
 
 use std::collections::BTreeMap;
 
+use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
 use kube::ResourceExt;
 use rayshift_api::{
-    RayService,
+    RayCluster, RayService,
     cluster_spec::{NUM_WORKER_GROUPS_ANNOTATION, SCALE_HASH_ANNOTATION, SPEC_HASH_ANNOTATION, SpecDigests},
 };
 use serde_json::{Map, Value, json};
@@ -251,6 +253,73 @@ pub fn stamp(mut body: Value) -> (Value, String) {
         .or_insert_with(|| Value::Object(Map::new()));
     annotations[APPLIED_ANNOTATION] = Value::from(digest.clone());
     (body, digest)
+}
+
+/// The Gateway of an incremental RayService (one per RayService, HTTP on port 80).
+pub fn gateway_name(rs: &str) -> String {
+    format!("{rs}-gateway")
+}
+
+/// Its HTTPRoute, whose backend weights are the traffic split.
+pub fn route_name(rs: &str) -> String {
+    format!("{rs}-httproute")
+}
+
+/// The serve Service of one cluster (incremental mode routes to each cluster through its own).
+pub fn cluster_serve_service_name(cluster: &str) -> String {
+    format!("{cluster}-serve-svc")
+}
+
+/// One cluster's serve Service, owned by that cluster so it goes with it.
+pub fn cluster_serve_service(rs: &RayService, cluster: &RayCluster) -> Value {
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let mut body = serve_service(rs, &name);
+    body["metadata"]["name"] = json!(cluster_serve_service_name(&name));
+    body["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name,
+        "uid": cluster.metadata.uid.clone().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true
+    }]);
+    body["metadata"]["labels"][ORIGINATED_FROM_CR_NAME] = json!(name);
+    body["metadata"]["labels"][SERVE_LABEL] = json!(format!("{name}-serve"));
+    body
+}
+
+/// The RayService's Gateway, of its `gatewayClassName`.
+pub fn gateway(rs: &RayService, ns: &str) -> Gateway {
+    let class = rs
+        .spec
+        .cluster_upgrade_options()
+        .and_then(|o| o.gateway_class_name.clone())
+        .unwrap_or_default();
+    let name = rs.metadata.name.clone().unwrap_or_default();
+    serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": gateway_name(&name), "namespace": ns, "ownerReferences": [owner_reference(rs)]},
+        "spec": {"gatewayClassName": class, "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}
+    }))
+    .expect("a well-formed Gateway")
+}
+
+/// The RayService's HTTPRoute with one weighted backend per `(cluster, weight)`.
+pub fn http_route(rs: &RayService, ns: &str, weights: &[(String, i32)]) -> HttpRoute {
+    let name = rs.metadata.name.clone().unwrap_or_default();
+    let port = serve_port(rs);
+    let backends: Vec<Value> = weights
+        .iter()
+        .map(|(cluster, weight)| {
+            json!({"group": "", "kind": "Service", "name": cluster_serve_service_name(cluster), "namespace": ns,
+                   "port": port, "weight": weight})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": route_name(&name), "namespace": ns, "ownerReferences": [owner_reference(rs)]},
+        "spec": {
+            "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway_name(&name), "namespace": ns}],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}]
+        }
+    }))
+    .expect("a well-formed HTTPRoute")
 }
 
 #[cfg(test)]

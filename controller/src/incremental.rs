@@ -20,7 +20,6 @@ use rayshift_api::{
     upgrade::{self, Action, Direction, Levels, Observed, Role, UpgradeOptions, WaitReason},
     upgrade_control::{self, Control},
 };
-use serde_json::json;
 
 use crate::{
     children,
@@ -45,18 +44,6 @@ pub struct Pass<'a> {
     pub pending_serve: Option<&'a ServeStatus>,
     pub goal_spec: &'a str,
     pub now: Timestamp,
-}
-
-pub fn gateway_name(rs: &str) -> String {
-    format!("{rs}-gateway")
-}
-
-pub fn route_name(rs: &str) -> String {
-    format!("{rs}-httproute")
-}
-
-pub fn cluster_serve_service(cluster: &str) -> String {
-    format!("{cluster}-serve-svc")
 }
 
 /// The spec digest rolled back on purpose (abort, deadline), if any.
@@ -572,77 +559,38 @@ async fn set_capacity(p: &Pass<'_>, cluster: &RayCluster, percent: i32) -> Resul
 }
 
 async fn apply_cluster_serve_service(p: &Pass<'_>, cluster: &RayCluster) -> Result<()> {
-    let mut body = children::serve_service(p.rs, &cluster.name_any());
-    body["metadata"]["name"] = json!(cluster_serve_service(&cluster.name_any()));
-    body["metadata"]["ownerReferences"] = json!([{
-        "apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster.name_any(),
-        "uid": cluster.metadata.uid.clone().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true
-    }]);
-    body["metadata"]["labels"][children::ORIGINATED_FROM_CR_NAME] = json!(cluster.name_any());
-    body["metadata"]["labels"][children::SERVE_LABEL] = json!(format!("{}-serve", cluster.name_any()));
+    let body = children::cluster_serve_service(p.rs, cluster);
     crate::reconcile::apply_child::<k8s_openapi::api::core::v1::Service>(p.ctx, p.ns, body).await
 }
 
 async fn apply_gateway(p: &Pass<'_>) -> Result<()> {
-    let rs_name = p.rs.name_any();
-    let class =
-        p.rs.spec
-            .cluster_upgrade_options()
-            .and_then(|o| o.gateway_class_name.clone())
-            .unwrap_or_default();
-    let gateway: Gateway = serde_json::from_value(json!({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-        "metadata": {"name": gateway_name(&rs_name), "namespace": p.ns, "ownerReferences": [children::owner_reference(p.rs)]},
-        "spec": {"gatewayClassName": class, "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}
-    }))
-    .expect("a well-formed Gateway");
-    crate::reconcile::apply_child::<Gateway>(
-        p.ctx,
-        p.ns,
-        serde_json::to_value(&gateway).expect("Gateways serialize"),
-    )
-    .await
+    let gateway = children::gateway(p.rs, p.ns);
+    let body = serde_json::to_value(&gateway).expect("Gateways serialize");
+    crate::reconcile::apply_child::<Gateway>(p.ctx, p.ns, body).await
 }
 
 /// The route from the status' weights: the active cluster, and the pending one while it exists.
 async fn apply_route(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<()> {
-    let rs_name = p.rs.name_any();
-    let port = children::serve_port(p.rs);
-    let mut backends = Vec::new();
-    for side in [&status.active_service_status, &status.pending_service_status]
-        .into_iter()
-        .flatten()
-    {
-        let Some(name) = side.ray_cluster_name.as_ref() else {
-            continue;
-        };
-        if [p.active, p.pending]
+    let exists = |name: &String| {
+        [p.active, p.pending]
             .into_iter()
             .flatten()
-            .all(|c| &c.name_any() != name)
-        {
-            continue;
-        }
-        backends.push(
-            json!({"group": "", "kind": "Service", "name": cluster_serve_service(name), "namespace": p.ns,
-                             "port": port, "weight": side.traffic_routed_percent.unwrap_or(0)}),
-        );
-    }
-    let route: HttpRoute = serde_json::from_value(json!({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-        "metadata": {"name": route_name(&rs_name), "namespace": p.ns, "ownerReferences": [children::owner_reference(p.rs)]},
-        "spec": {
-            "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway_name(&rs_name), "namespace": p.ns}],
-            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}]
-        }
-    }))
-    .expect("a well-formed HTTPRoute");
-    crate::reconcile::apply_child::<HttpRoute>(
-        p.ctx,
-        p.ns,
-        serde_json::to_value(&route).expect("routes serialize"),
-    )
-    .await
+            .any(|c| &c.name_any() == name)
+    };
+    let weights: Vec<(String, i32)> = [&status.active_service_status, &status.pending_service_status]
+        .into_iter()
+        .flatten()
+        .filter_map(|side| {
+            Some((
+                side.ray_cluster_name.clone()?,
+                side.traffic_routed_percent.unwrap_or(0),
+            ))
+        })
+        .filter(|(name, _)| exists(name))
+        .collect();
+    let route = children::http_route(p.rs, p.ns, &weights);
+    let body = serde_json::to_value(&route).expect("routes serialize");
+    crate::reconcile::apply_child::<HttpRoute>(p.ctx, p.ns, body).await
 }
 
 /// Gateway Accepted and Programmed, route Accepted and ResolvedRefs for its current generation.
@@ -650,10 +598,10 @@ async fn route_ready(p: &Pass<'_>) -> Result<bool> {
     let rs_name = p.rs.name_any();
     let gateways: Api<Gateway> = Api::namespaced(p.ctx.client.clone(), p.ns);
     let routes: Api<HttpRoute> = Api::namespaced(p.ctx.client.clone(), p.ns);
-    let Some(gw) = gateways.get_opt(&gateway_name(&rs_name)).await? else {
+    let Some(gw) = gateways.get_opt(&children::gateway_name(&rs_name)).await? else {
         return Ok(false);
     };
-    let Some(route) = routes.get_opt(&route_name(&rs_name)).await? else {
+    let Some(route) = routes.get_opt(&children::route_name(&rs_name)).await? else {
         return Ok(false);
     };
     let true_ = |conds: &[Condition], t: &str, generation: Option<i64>| {
@@ -676,7 +624,7 @@ async fn route_ready(p: &Pass<'_>) -> Result<bool> {
         .map(|s| s.parents.clone())
         .unwrap_or_default();
     let route_ok = parents.iter().any(|parent| {
-        parent.parent_ref.name == gateway_name(&rs_name)
+        parent.parent_ref.name == children::gateway_name(&rs_name)
             && true_(&parent.conditions, "Accepted", route.metadata.generation)
             && true_(&parent.conditions, "ResolvedRefs", route.metadata.generation)
     });

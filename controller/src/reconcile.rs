@@ -191,6 +191,15 @@ impl Context {
         }
     }
 
+    /// Whether the RayService was deleted lately (by uid: a new one of the same name is another object).
+    fn was_deleted(&self, rs: &RayService) -> bool {
+        let uid = rs.uid().unwrap_or_default();
+        self.deleted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&uid)
+    }
+
     /// The RayService's series, unless it was deleted meanwhile.
     fn publish_metrics(
         &self,
@@ -198,13 +207,7 @@ impl Context {
         status: &RayServiceStatuses,
         view: &crate::metrics::ServiceView,
     ) {
-        let uid = rs.uid().unwrap_or_default();
-        if self
-            .deleted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&uid)
-        {
+        if self.was_deleted(rs) {
             return;
         }
         let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
@@ -297,13 +300,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     );
     let result = tracing::Instrument::instrument(pass(&cached, &ctx), span).await;
     // Deleted while this pass ran: whatever it counted is dropped again.
-    let uid = cached.uid().unwrap_or_default();
-    if ctx
-        .deleted
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains_key(&uid)
-    {
+    if ctx.was_deleted(&cached) {
         ctx.metrics
             .forget_service(&cached.namespace().unwrap_or_default(), &cached.name_any());
     }

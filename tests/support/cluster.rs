@@ -334,6 +334,13 @@ impl ControlPlane {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// A namespace's Events as `kubectl get events` lists them (events.k8s.io/v1, one object each).
+    pub fn events(&self, ns: &str) -> Vec<serde_json::Value> {
+        let out = self.kubectl(&["get", "events.events.k8s.io", "-n", ns, "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["items"].as_array().cloned().unwrap_or_default()
+    }
+
     pub fn kubectl_output(&self, args: &[&str]) -> std::process::Output {
         Command::new(kubectl())
             .arg("--kubeconfig")
