@@ -501,7 +501,7 @@ async fn a_running_pod_whose_ray_container_died_is_not_healthy() {
     let kuberay = env.kuberay.as_ref().unwrap();
     kuberay
         .all_heads_broken
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     env.create(rayservice("llm", None, "ray:1")).await;
     let cluster = env
         .eventually("a cluster", 30, || async { pending(&env.get("llm").await) })

@@ -41,8 +41,7 @@ impl KubeRayStandIn {
         let ns = ns.to_string();
         let task = tokio::spawn(async move {
             loop {
-                let broken = all.load(std::sync::atomic::Ordering::Relaxed);
-                if let Err(e) = pass(&client, &ns, broken).await {
+                if let Err(e) = pass(&client, &ns, &all).await {
                     eprintln!("kuberay stand-in: {e}");
                 }
                 tokio::time::sleep(Duration::from_millis(150)).await;
@@ -53,7 +52,9 @@ impl KubeRayStandIn {
     }
 }
 
-async fn pass(client: &Client, ns: &str, is_broken: bool) -> Result<(), kube::Error> {
+/// `broken` is read for each Pod, after its cluster was listed: a cluster created after the test set it is
+/// never given a healthy head first.
+async fn pass(client: &Client, ns: &str, broken: &std::sync::atomic::AtomicBool) -> Result<(), kube::Error> {
     let clusters: Api<RayCluster> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     // Made up, but inside the test hosts' range, whose unreachable route keeps anything sent there local.
@@ -100,6 +101,7 @@ async fn pass(client: &Client, ns: &str, is_broken: bool) -> Result<(), kube::Er
                 .unwrap();
                 pods.create(&PostParams::default(), &pod).await?;
             }
+            let is_broken = broken.load(std::sync::atomic::Ordering::SeqCst);
             let ray_ok = !(is_broken && node_type == "head");
             let state: Value = if ray_ok {
                 json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
