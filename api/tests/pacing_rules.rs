@@ -1,35 +1,22 @@
 //! The progress deadline against the pacing: an interval no shorter than the deadline is allowed with a
 //! warning (the deadline counts from each step's due instant), a deadline that is not a number is denied.
 
+mod common;
+
+use common::incremental_gate_on as config;
 use rayshift_api::{
-    FeatureGates, documents,
     upgrade_control::PROGRESS_DEADLINE_ANNOTATION,
     validation::{ValidationConfig, review},
 };
 use serde_json::{Value, json};
 
 fn incremental(interval: i64, deadline: Option<&str>) -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/validate/allowed-incremental.yaml"
-    );
-    let mut rs = documents::parse_stream(&std::fs::read_to_string(path).unwrap())
-        .unwrap()
-        .remove(0);
+    let mut rs = common::allowed_incremental();
     rs["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]["intervalSeconds"] = json!(interval);
     if let Some(d) = deadline {
         rs["metadata"]["annotations"] = json!({PROGRESS_DEADLINE_ANNOTATION: d});
     }
     rs
-}
-
-fn config() -> ValidationConfig {
-    ValidationConfig {
-        feature_gates: FeatureGates::default()
-            .with("RayServiceIncrementalUpgrade", true)
-            .unwrap(),
-        ..ValidationConfig::default()
-    }
 }
 
 fn warned(v: &rayshift_api::validation::Verdict) -> Vec<&'static str> {

@@ -1,29 +1,10 @@
 //! Rules that only apply on UPDATE (the stored object is known).
 
-use rayshift_api::{
-    FeatureGates, documents,
-    validation::{ValidationConfig, review},
-};
-use serde_json::{Value, json};
+mod common;
 
-fn base() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/fixtures/validate/allowed-incremental.yaml"
-    );
-    documents::parse_stream(&std::fs::read_to_string(path).unwrap())
-        .unwrap()
-        .remove(0)
-}
-
-fn config() -> ValidationConfig {
-    ValidationConfig {
-        feature_gates: FeatureGates::default()
-            .with("RayServiceIncrementalUpgrade", true)
-            .unwrap(),
-        ..ValidationConfig::default()
-    }
-}
+use common::{allowed_incremental as base, incremental_gate_on as config};
+use rayshift_api::validation::review;
+use serde_json::json;
 
 #[test]
 fn managed_by_is_immutable_once_set() {

@@ -60,9 +60,9 @@ impl ClusterRecords {
         self.by_owner.remove(owner);
     }
 
-    /// Owners with records (for pruning after a re-list).
-    pub fn owners(&self) -> Vec<String> {
-        self.by_owner.keys().cloned().collect()
+    /// Keeps the records of the owners `keep` accepts (pruning after a re-list).
+    pub fn retain_owners(&mut self, keep: impl Fn(&str) -> bool) {
+        self.by_owner.retain(|owner, _| keep(owner));
     }
 }
 
@@ -99,6 +99,8 @@ mod tests {
         assert_eq!(r.pushed_config("a", "a-1"), None);
         assert_eq!(r.pushed_config("a", "a-2"), Some("y"));
         assert_eq!(r.pushed_config("b", "a-1"), Some("z"));
-        assert_eq!(r.owners().len(), 2);
+        r.retain_owners(|owner| owner == "b");
+        assert_eq!(r.pushed_config("a", "a-2"), None);
+        assert_eq!(r.pushed_config("b", "a-1"), Some("z"));
     }
 }

@@ -47,10 +47,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// Someone else wrote the object since this pass read it.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(s)) if s.is_conflict())
+    }
+
     /// A short label for metrics (never the message itself).
     pub fn category(&self) -> &'static str {
         match self {
-            Error::Kube(kube::Error::Api(s)) if s.is_conflict() => "conflict",
+            e if e.is_conflict() => "conflict",
             Error::Kube(_) | Error::RayServiceCrdMissing(_) => "kubernetes",
             Error::Dashboard { .. } | Error::HttpClient(_) => "dashboard",
             Error::ServeConfig(_) | Error::ServeConfigNotAMapping | Error::UnknownServeConfig { .. } => {

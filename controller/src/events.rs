@@ -82,6 +82,7 @@ impl EventLog {
             occurrence,
         };
         let repeat = self.repeat_of(&key, now);
+        let count = repeat.as_ref().map_or(1, |(_, count)| *count);
         let namespace = regarding.namespace.clone().unwrap_or_else(|| "default".into());
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
         let name = match repeat {
@@ -105,7 +106,6 @@ impl EventLog {
             }
         };
         let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
-        let count = published.get(&key).map_or(1, |p| p.count + 1);
         published.insert(
             key,
             Published {

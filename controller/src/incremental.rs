@@ -46,11 +46,6 @@ pub struct Pass<'a> {
     pub now: Timestamp,
 }
 
-/// The spec digest rolled back on purpose (abort, deadline), if any.
-pub fn rejected_spec(status: &RayServiceStatuses) -> Option<String> {
-    status.progress.rejected_spec_digest.clone()
-}
-
 /// When traffic last moved (sub-second when rayshift moved it).
 pub fn last_step_time(status: &RayServiceStatuses) -> Option<Timestamp> {
     status.progress.last_traffic_step_time.or_else(|| {

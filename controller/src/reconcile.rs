@@ -159,7 +159,7 @@ impl Context {
         }
         let status = rs.status.clone().unwrap_or_default();
         let view = service_view(rs, &status, Timestamp::now());
-        self.publish_metrics(rs, &status, &view);
+        self.metrics.observe_service(&ns, &name, &status, &view);
         let now = Levels::of(&status);
         // A RayService older than this controller is told from its first change on (a restarted controller
         // does not repeat what happened before it); a newer one from its creation.
@@ -200,20 +200,6 @@ impl Context {
             .contains_key(&uid)
     }
 
-    /// The RayService's series, unless it was deleted meanwhile.
-    fn publish_metrics(
-        &self,
-        rs: &RayService,
-        status: &RayServiceStatuses,
-        view: &crate::metrics::ServiceView,
-    ) {
-        if self.was_deleted(rs) {
-            return;
-        }
-        let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
-        self.metrics.observe_service(&ns, &name, status, view);
-    }
-
     fn observed_levels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Levels>> {
         self.observed.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -246,11 +232,7 @@ impl Context {
         self.metrics.forget_services_except(&names);
         self.observed_levels()
             .retain(|uid, _| uids.contains(uid.as_str()));
-        for owner in self.records().owners() {
-            if !uids.contains(owner.as_str()) {
-                self.records().forget_owner(&owner);
-            }
-        }
+        self.records().retain_owners(|owner| uids.contains(owner));
     }
 
     pub(crate) async fn event(
@@ -299,7 +281,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         namespace = %cached.namespace().unwrap_or_default()
     );
     let result = tracing::Instrument::instrument(pass(&cached, &ctx), span).await;
-    // Deleted while this pass ran: whatever it counted is dropped again.
+    // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
         ctx.metrics
             .forget_service(&cached.namespace().unwrap_or_default(), &cached.name_any());
@@ -320,7 +302,7 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
     let mut seen = observe(&rs, ctx, &previous).await?;
     adopt_kuberay_clusters(&rs, ctx, &seen.goal.clone(), &mut seen.clusters).await?;
     let decision = lifecycle::decide(&seen.facts(&rs, &previous, now));
-    let applied = apply(&rs, ctx, &seen, &decision).await?;
+    let applied = apply(&rs, ctx, &previous, &seen, &decision).await?;
     let settled = settle_status(&rs, ctx, &previous, &seen, &decision, now).await?;
     Ok(Action::requeue(next_wake(
         ctx, &seen, &decision, &applied, &settled, now,
@@ -401,7 +383,7 @@ impl Observation {
             incremental: self.incremental,
             rejected_spec: self
                 .incremental
-                .then(|| crate::incremental::rejected_spec(previous))
+                .then(|| previous.progress.rejected_spec_digest.clone())
                 .flatten(),
         }
     }
@@ -474,11 +456,17 @@ struct Applied {
 }
 
 /// Clusters, Serve configs, the head's serve label and the Services, as decided.
-async fn apply(rs: &RayService, ctx: &Context, seen: &Observation, decision: &Decision) -> Result<Applied> {
+async fn apply(
+    rs: &RayService,
+    ctx: &Context,
+    previous: &RayServiceStatuses,
+    seen: &Observation,
+    decision: &Decision,
+) -> Result<Applied> {
     let ns = rs.namespace().unwrap_or_default();
     let clusters_api: Api<RayCluster> = Api::namespaced(ctx.client.clone(), &ns);
     apply_cluster_actions(rs, ctx, &clusters_api, decision, &seen.clusters, seen.incremental).await?;
-    let pushed = push_serve_configs(rs, ctx, seen, decision).await?;
+    let pushed = push_serve_configs(rs, ctx, previous, seen, decision).await?;
     let mut applied = Applied {
         pushed,
         proxies_checked: false,
@@ -523,11 +511,11 @@ async fn apply(rs: &RayService, ctx: &Context, seen: &Observation, decision: &De
 async fn push_serve_configs(
     rs: &RayService,
     ctx: &Context,
+    previous: &RayServiceStatuses,
     seen: &Observation,
     decision: &Decision,
 ) -> Result<bool> {
     let ns = rs.namespace().unwrap_or_default();
-    let previous = rs.status.clone().unwrap_or_default();
     let mut pushed = false;
     for target in &decision.config_targets {
         if let Some(s) = seen
@@ -538,7 +526,7 @@ async fn push_serve_configs(
             // In incremental mode the config carries the cluster's target_capacity (a new pending cluster: 0).
             let capacity = seen
                 .incremental
-                .then(|| target_capacity(&previous, target, decision.active.is_none()))
+                .then(|| target_capacity(previous, target, decision.active.is_none()))
                 .flatten();
             pushed |= push_serve_config(rs, ctx, &ns, &s.cluster, capacity, s.serve.as_ref()).await?;
         }
@@ -601,7 +589,8 @@ async fn settle_status(
         &mut status,
         now,
     );
-    ctx.publish_metrics(rs, &status, &service_view(rs, &status, now));
+    ctx.metrics
+        .observe_service(&ns, &rs.name_any(), &status, &service_view(rs, &status, now));
     if conditions::status_changed(Some(previous), &status) {
         write_status(rs, ctx, &status).await?;
     }
@@ -1500,7 +1489,7 @@ fn service_view(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) ->
 /// Requeue with backoff after an error; the error is logged and counted, never fatal.
 pub fn error_policy(rs: Arc<RayService>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_error(error.category());
-    if error.category() == "conflict" {
+    if error.is_conflict() {
         // Someone wrote in between: read again soon rather than back off.
         tracing::info!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, "write conflict: re-reading");
         return Action::requeue(Duration::from_millis(200));
