@@ -198,6 +198,9 @@ fn forward(opts: &UpgradeOptions, obs: &Observed) -> Action {
     if p.traffic == 100 && a.capacity == 0 {
         return Action::Promote;
     }
+    if let Some(lower) = over_surge(opts, obs) {
+        return lower;
+    }
     if !obs.route_ready {
         return wait(WaitReason::RouteNotReady);
     }
@@ -285,6 +288,27 @@ fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
         active,
         pending: 100 - active,
     }
+}
+
+/// Capacity above `100 + maxSurgePercent` going forward (left by a rollback that was reverted, or a hand
+/// edit): lowered first, the active side before the pending one, never below the traffic either carries.
+fn over_surge(opts: &UpgradeOptions, obs: &Observed) -> Option<Action> {
+    let (a, p) = (obs.active, obs.pending);
+    let bound = 100 + opts.max_surge_percent;
+    if a.capacity + p.capacity <= bound {
+        return None;
+    }
+    let active = (bound - p.capacity).max(a.traffic);
+    if active < a.capacity {
+        return Some(Action::SetTargetCapacity {
+            role: Role::Active,
+            percent: active,
+        });
+    }
+    Some(Action::SetTargetCapacity {
+        role: Role::Pending,
+        percent: (bound - a.capacity).max(p.traffic),
+    })
 }
 
 /// When the next traffic step is due, if that is still in the future.
@@ -412,6 +436,9 @@ pub fn describe(action: Action) -> String {
         Action::Wait { reason, .. } => format!("wait: {}", reason.as_str()),
     }
 }
+
+pub mod decide;
+pub use decide::{StepDecision, decide};
 
 #[cfg(test)]
 mod tests;

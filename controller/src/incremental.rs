@@ -1,24 +1,25 @@
 //! `NewClusterWithIncrementalUpgrade`: the Gateway, the HTTPRoute and per-cluster serve Services, and one
-//! step of the pure upgrade planner ([`rayshift_api::upgrade`]) per pass: raise or lower a Serve
-//! `target_capacity`, move route weight, promote, or finish a rollback.
+//! decision of the pure upgrade ([`rayshift_api::upgrade::decide`]) per pass, applied: a Serve
+//! `target_capacity` PUT, the route weights, the events, the metrics.
 //!
 //! State lives in the RayService status (capacity and traffic per cluster, and rayshift's typed
-//! [`UpgradeProgress`]), so a restarted controller resumes where the last one stopped.
+//! [`rayshift_api::progress::UpgradeProgress`]), so a restarted controller resumes where the last one stopped.
 
 use std::time::Duration;
 
 use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Api, ResourceExt};
 use rayshift_api::{
     RayCluster, RayService,
     cluster_spec::SPEC_HASH_ANNOTATION,
-    conditions::{self, Wanted},
-    progress::{AbortReason, Steering, UpgradeProgress},
-    rayservice::{ClusterServiceStatus, RayServiceStatuses},
-    upgrade::{self, Action, Direction, Levels, Observed, Role, UpgradeOptions, WaitReason},
-    upgrade_control::{self, Control},
+    rayservice::RayServiceStatuses,
+    upgrade::{
+        self, Levels, Role, StepDecision, UpgradeOptions,
+        decide::{ClusterSeen, Effect, Observation, Settings, Tally},
+    },
+    upgrade_control,
 };
 
 use crate::{
@@ -29,9 +30,9 @@ use crate::{
     reconcile::{Context, SERVE_CONFIG_ANNOTATION},
 };
 
-pub const PROGRESSING: &str = "Progressing";
-/// How long before a traffic step is due the pass that makes it starts.
-const STEP_LEAD_MS: i64 = 250;
+/// How long before a traffic step is due the pass that makes it starts: observing takes a few API calls,
+/// so the pass observes early, then decides again at the due instant.
+const STEP_LEAD: SignedDuration = SignedDuration::from_millis(250);
 
 /// What the incremental pass needs from the reconcile that calls it.
 pub struct Pass<'a> {
@@ -46,485 +47,119 @@ pub struct Pass<'a> {
     pub now: Timestamp,
 }
 
-/// When traffic last moved (sub-second when rayshift moved it).
-pub fn last_step_time(status: &RayServiceStatuses) -> Option<Timestamp> {
-    status.progress.last_traffic_step_time.or_else(|| {
-        [
-            time(status.active_service_status.as_ref()),
-            time(status.pending_service_status.as_ref()),
-        ]
-        .into_iter()
-        .flatten()
-        .max()
-    })
-}
-
-/// Levels of one side, with KubeRay's defaults.
-fn levels(side: Option<&ClusterServiceStatus>, role: Role) -> Levels {
-    Levels::from_status(side, role)
-}
-
-fn time(side: Option<&ClusterServiceStatus>) -> Option<Timestamp> {
-    side.and_then(|s| s.last_traffic_migrated_time.as_ref())
-        .map(|t| t.0)
-}
-
-/// Runs after the cluster lifecycle; edits `status` in place and returns when to come back.
+/// Runs after the cluster lifecycle: observes, decides (pure), applies; edits `status` in place and returns
+/// when to come back.
 pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Option<Duration>> {
-    let Some(options) =
-        p.rs.spec
-            .cluster_upgrade_options()
-            .and_then(UpgradeOptions::from_spec)
-    else {
-        return Err(Error::UnusableUpgradeOptions);
-    };
-    // Fresh sides start where KubeRay starts them: a first cluster at full capacity, a new pending one at 0.
-    let first = status
-        .active_service_status
-        .as_ref()
-        .and_then(|a| a.ray_cluster_name.as_ref())
-        .is_none();
-    if let Some(pending) = status.pending_service_status.as_mut()
-        && pending.target_capacity.is_none()
-    {
-        pending.target_capacity = Some(if first { 100 } else { 0 });
-        pending.traffic_routed_percent = Some(if first { 100 } else { 0 });
-    }
-    if let Some(active) = status.active_service_status.as_mut() {
-        active.target_capacity.get_or_insert(100);
-        active.traffic_routed_percent.get_or_insert(100);
-    }
-
+    let settings = settings(p)?;
     for cluster in [p.active, p.pending].into_iter().flatten() {
         apply_cluster_serve_service(p, cluster).await?;
     }
     apply_gateway(p).await?;
-    if p.active.is_some() {
-        apply_route(p, status).await?;
-    }
-    let (Some(active), Some(pending)) = (p.active, p.pending) else {
-        set_progressing(p, status, None);
-        return Ok(None);
-    };
-    step(p, status, &options, active, pending).await
-}
-
-/// The two clusters of a running upgrade and what this pass knows about them.
-struct Upgrade<'a> {
-    active: &'a RayCluster,
-    pending: &'a RayCluster,
-    /// The spec digest the pending cluster was built from.
-    pending_digest: Option<String>,
-    /// Levels and steering as this pass began.
-    observed: Observed,
-}
-
-async fn step(
-    p: &Pass<'_>,
-    status: &mut RayServiceStatuses,
-    options: &UpgradeOptions,
-    active: &RayCluster,
-    pending: &RayCluster,
-) -> Result<Option<Duration>> {
-    let u = steer(p, status, options, active, pending).await?;
-    let action = paced_action(options, &u.observed).await;
-    match action {
-        Action::Wait { until, reason } => return Ok(Some(wait(p, status, options, &u, until, reason).await)),
-        Action::SetTargetCapacity { role, percent } => {
-            if !set_target_capacity(p, status, &u, role, percent).await? {
-                return Ok(Some(p.ctx.options.serve_poll_interval));
-            }
+    let seen = observe(p, status).await?;
+    // Decided at the instant it is applied (a step is stamped when traffic really moves), not when the pass
+    // began.
+    let mut decision = upgrade::decide(&seen, status, &settings, Timestamp::now());
+    // The step is due within the lead: decide again at its due instant, on these observations.
+    if let Some(due) = decision
+        .step_due
+        .filter(|due| due.duration_since(Timestamp::now()) <= STEP_LEAD)
+    {
+        let left = due.duration_since(Timestamp::now());
+        if left.is_positive() {
+            tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64())).await;
         }
-        Action::SetTraffic { active, pending } => set_traffic(p, status, &u, active, pending).await?,
-        Action::Promote => promote(p, status, &u).await,
-        Action::FinishRollback => finish_rollback(p, status, &u).await,
+        decision = upgrade::decide(&seen, status, &settings, Timestamp::now().max(due));
     }
-    if status.pending_service_status.is_some() {
-        status.progress.last_progress_time = Some(p.now);
-    }
-    set_progressing(p, status, None);
-    // Act again at once: the next decision needs fresh observations.
-    Ok(Some(Duration::from_millis(20)))
+    apply(p, &decision).await?;
+    *status = decision.status;
+    let wake = match decision.step_due {
+        Some(due) => Some(due - STEP_LEAD),
+        None => decision.wake,
+    };
+    Ok(wake.map(|w| Duration::from_secs_f64(w.duration_since(Timestamp::now()).as_secs_f64().max(0.0))))
 }
 
-/// Abort, deadline and pause first (pure, [`UpgradeProgress::steer`]), with their events; then what the
-/// planner sees.
-async fn steer<'a>(
-    p: &Pass<'_>,
-    status: &mut RayServiceStatuses,
-    options: &UpgradeOptions,
-    active: &'a RayCluster,
-    pending: &'a RayCluster,
-) -> Result<Upgrade<'a>> {
+/// The spec's pacing and control, and the operator's settings.
+fn settings(p: &Pass<'_>) -> Result<Settings> {
+    let options =
+        p.rs.spec
+            .cluster_upgrade_options()
+            .and_then(UpgradeOptions::from_spec);
+    let options = options.ok_or(Error::UnusableUpgradeOptions)?;
     let annotations = p.rs.annotations();
-    let control = upgrade_control::control(annotations);
-    let pending_digest = pending.annotations().get(SPEC_HASH_ANNOTATION).cloned();
-    let pending_runs_goal = pending_digest.as_deref() == Some(p.goal_spec);
     let deadline = upgrade_control::progress_deadline(annotations, p.ctx.options.progress_deadline_seconds);
-    let last_step = last_step_time(status);
-    let steering = Steering {
-        control,
-        pending_runs_goal,
+    let duration = |d: Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+    Ok(Settings {
+        options,
+        control: upgrade_control::control(annotations),
         deadline: SignedDuration::from_secs(deadline),
-        interval: options.interval,
-        last_traffic_step: last_step,
-        now: p.now,
-    };
-    if let Some(abort) = status.progress.steer(&steering) {
-        let note = format!("Rolling back the incremental upgrade: {}", abort.message);
-        p.ctx
-            .event(p.rs, EventType::Warning, abort.reason.as_str(), "Reconcile", note)
-            .await;
-    }
-    let direction = status.progress.direction(pending_runs_goal);
-    set_rollback_condition(p, status, direction);
-    if was_paused(status) && control != Control::Pause {
-        let note =
-            "Incremental upgrade resumed: rayshift.io/upgrade-control no longer says pause".to_string();
-        p.ctx
-            .event(p.rs, EventType::Normal, "UpgradeResumed", "Reconcile", note)
-            .await;
-    }
-    let a = levels(status.active_service_status.as_ref(), Role::Active);
-    let pl = levels(status.pending_service_status.as_ref(), Role::Pending);
-    let observed = Observed {
-        active: a,
-        pending: pl,
-        last_traffic_step: last_step,
-        direction,
-        route_ready: p.ctx.options.skip_gateway_status_check || route_ready(p).await?,
-        pending_capacity_ready: p.pending_serve.is_some_and(|s| s.capacity_verified(pl.capacity)),
-        active_capacity_ready: p.active_serve.is_some_and(|s| s.capacity_verified(a.capacity)),
-        pending_reachable: p.pending_serve.is_some(),
-        paused: control == Control::Pause,
-        hurry: control == Control::Promote,
-        now: p.now,
-    };
-    Ok(Upgrade {
-        active,
-        pending,
-        pending_digest,
-        observed,
+        goal_digest: p.goal_spec.to_string(),
+        namespace: p.ns.to_string(),
+        generation: p.rs.metadata.generation.unwrap_or_default(),
+        serve_poll: duration(p.ctx.options.serve_poll_interval),
+        capacity_poll: duration(p.ctx.options.capacity_poll_interval),
     })
 }
 
-/// The planner's action. Exact pacing: the pass wakes a little before a step is due (observing takes a few
-/// API calls), then writes the weights at the due instant, on observations a few hundred ms old at most.
-async fn paced_action(options: &UpgradeOptions, observed: &Observed) -> Action {
-    let action = upgrade::next_action(options, observed);
-    let Action::Wait {
-        until: Some(due),
-        reason: WaitReason::Interval,
-    } = action
-    else {
-        return action;
+/// The clusters as the pure decision needs them: reachable, capacity verified against the status' levels,
+/// and (while both exist) whether the Gateway and route are ready.
+async fn observe(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<Observation> {
+    let seen = |cluster: Option<&RayCluster>, serve: Option<&ServeStatus>, role: Role| {
+        let side = match role {
+            Role::Active => status.active_service_status.as_ref(),
+            Role::Pending => status.pending_service_status.as_ref(),
+        };
+        let capacity = Levels::from_status(side, role).capacity;
+        cluster.map(|c| ClusterSeen {
+            name: c.name_any(),
+            spec_digest: c.annotations().get(SPEC_HASH_ANNOTATION).cloned(),
+            reachable: serve.is_some(),
+            capacity_verified: serve.is_some_and(|s| s.capacity_verified(capacity)),
+        })
     };
-    let left = due.duration_since(Timestamp::now());
-    if left > SignedDuration::from_millis(STEP_LEAD_MS) {
-        return action;
-    }
-    if left.is_positive() {
-        tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64())).await;
-    }
-    upgrade::next_action(
-        options,
-        &Observed {
-            now: due,
-            ..*observed
-        },
-    )
+    let both = p.active.is_some() && p.pending.is_some();
+    Ok(Observation {
+        active: seen(p.active, p.active_serve, Role::Active),
+        pending: seen(p.pending, p.pending_serve, Role::Pending),
+        route_ready: both && (p.ctx.options.skip_gateway_status_check || route_ready(p).await?),
+    })
 }
 
-/// Records why the upgrade waits and returns when to look again.
-async fn wait(
-    p: &Pass<'_>,
-    status: &mut RayServiceStatuses,
-    options: &UpgradeOptions,
-    u: &Upgrade<'_>,
-    until: Option<Timestamp>,
-    reason: WaitReason,
-) -> Duration {
-    let paused_before = was_paused(status);
-    set_progressing(p, status, Some(reason));
-    if reason == WaitReason::Paused && !paused_before {
-        let note = "Incremental upgrade paused by rayshift.io/upgrade-control".to_string();
+/// The decision's one write, the route from the decided weights, then its metrics and events.
+async fn apply(p: &Pass<'_>, decision: &StepDecision) -> Result<()> {
+    if let Some(Effect::TargetCapacity { role, percent, .. }) = &decision.effect {
+        let cluster = match role {
+            Role::Active => p.active,
+            Role::Pending => p.pending,
+        };
+        if let Some(cluster) = cluster {
+            set_capacity(p, cluster, *percent).await?;
+        }
+    }
+    if p.active.is_some() {
+        apply_route(p, &decision.status).await?;
+    }
+    let name = p.rs.name_any();
+    for tally in &decision.tallies {
+        match *tally {
+            Tally::CapacityChange(role) => p.ctx.metrics.capacity_change(p.ns, &name, role.as_str()),
+            Tally::TrafficStep { waited_seconds } => p.ctx.metrics.traffic_step(p.ns, &name, waited_seconds),
+            Tally::Finished { result, seconds } => {
+                p.ctx.metrics.upgrade(p.ns, &name, result.as_str(), seconds)
+            }
+        }
+    }
+    for notice in &decision.notices {
+        let type_ = if notice.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
         p.ctx
-            .event(p.rs, EventType::Normal, "UpgradePaused", "Reconcile", note)
+            .event(p.rs, type_, notice.reason, notice.action, notice.note.clone())
             .await;
     }
-    match until {
-        Some(t) => {
-            let wake = t.duration_since(Timestamp::now()).as_secs_f64() - STEP_LEAD_MS as f64 / 1000.0;
-            Duration::from_secs_f64(wake.max(0.0))
-        }
-        None => {
-            let due = u.observed.last_traffic_step.map(|t| t + options.interval);
-            capacity_wake(p, reason, due)
-        }
-    }
-}
-
-/// PUTs the new target_capacity; `false` when that cluster's Serve cannot take it yet.
-async fn set_target_capacity(
-    p: &Pass<'_>,
-    status: &mut RayServiceStatuses,
-    u: &Upgrade<'_>,
-    role: Role,
-    percent: i32,
-) -> Result<bool> {
-    let (cluster, serve, from) = match role {
-        Role::Active => (u.active, p.active_serve, u.observed.active.capacity),
-        Role::Pending => (u.pending, p.pending_serve, u.observed.pending.capacity),
-    };
-    // Serve must be up on that cluster (and hold its config) before its capacity can change.
-    if serve.is_none() {
-        let reason = match role {
-            Role::Active => WaitReason::ActiveCapacityNotReady,
-            Role::Pending => WaitReason::PendingCapacityNotReady,
-        };
-        set_progressing(p, status, Some(reason));
-        return Ok(false);
-    }
-    set_capacity(p, cluster, percent).await?;
-    p.ctx
-        .metrics
-        .capacity_change(p.ns, &p.rs.name_any(), role.as_str());
-    let side = match role {
-        Role::Active => &mut status.active_service_status,
-        Role::Pending => &mut status.pending_service_status,
-    };
-    if let Some(s) = side.as_mut() {
-        s.target_capacity = Some(percent);
-    }
-    let note = format!(
-        "Set target_capacity of {} RayCluster {}/{}: {from}% → {percent}%{}",
-        role.as_str(),
-        p.ns,
-        cluster.name_any(),
-        rolling_back(u.observed.direction)
-    );
-    p.ctx
-        .event(
-            p.rs,
-            EventType::Normal,
-            "UpdatedServeTargetCapacity",
-            "Update",
-            note,
-        )
-        .await;
-    Ok(true)
-}
-
-async fn set_traffic(
-    p: &Pass<'_>,
-    status: &mut RayServiceStatuses,
-    u: &Upgrade<'_>,
-    wa: i32,
-    wp: i32,
-) -> Result<()> {
-    // Stamped when the weights are written, not when the pass began: the next step is due an interval after
-    // the traffic really moved.
-    let written = Timestamp::now();
-    let waited = u
-        .observed
-        .last_traffic_step
-        .map(|t| written.duration_since(t).as_secs_f64());
-    p.ctx.metrics.traffic_step(p.ns, &p.rs.name_any(), waited);
-    let stamp = Some(Time(written));
-    status.progress.last_traffic_step_time = Some(written);
-    if let Some(s) = status.active_service_status.as_mut() {
-        s.traffic_routed_percent = Some(wa);
-        s.last_traffic_migrated_time = stamp.clone();
-    }
-    if let Some(s) = status.pending_service_status.as_mut() {
-        s.traffic_routed_percent = Some(wp);
-        s.last_traffic_migrated_time = stamp;
-    }
-    apply_route(p, status).await?;
-    let note = format!(
-        "Moved traffic: {} {}% → {wa}%, {} {}% → {wp}%{}",
-        u.active.name_any(),
-        u.observed.active.traffic,
-        u.pending.name_any(),
-        u.observed.pending.traffic,
-        rolling_back(u.observed.direction)
-    );
-    p.ctx
-        .event(p.rs, EventType::Normal, "UpdatedHTTPRoute", "Update", note)
-        .await;
     Ok(())
-}
-
-async fn promote(p: &Pass<'_>, status: &mut RayServiceStatuses, u: &Upgrade<'_>) {
-    let mut promoted = status.pending_service_status.take().unwrap_or_default();
-    promoted.target_capacity = Some(100);
-    promoted.traffic_routed_percent = Some(100);
-    status.active_service_status = Some(promoted);
-    let took = status.progress.duration(p.now);
-    p.ctx.metrics.upgrade(p.ns, &p.rs.name_any(), "completed", took);
-    status.progress = UpgradeProgress::default();
-    let note = format!(
-        "Promoted RayCluster {}/{}: it serves all traffic now; {} will be deleted",
-        p.ns,
-        u.pending.name_any(),
-        u.active.name_any()
-    );
-    p.ctx
-        .event(p.rs, EventType::Normal, "Promoted", "Reconcile", note)
-        .await;
-}
-
-async fn finish_rollback(p: &Pass<'_>, status: &mut RayServiceStatuses, u: &Upgrade<'_>) {
-    status.pending_service_status = None;
-    if let Some(s) = status.active_service_status.as_mut() {
-        s.target_capacity = Some(100);
-        s.traffic_routed_percent = Some(100);
-    }
-    // An abort or a missed deadline rejects the spec the pending cluster ran; a spec change does not.
-    let (result, rejected) = match &status.progress.upgrade_abort {
-        Some(a) if a.reason == AbortReason::UpgradeAborted => ("aborted", u.pending_digest.clone()),
-        Some(_) => ("rolled_back", u.pending_digest.clone()),
-        None => ("rolled_back", status.progress.rejected_spec_digest.clone()),
-    };
-    let took = status.progress.duration(p.now);
-    p.ctx.metrics.upgrade(p.ns, &p.rs.name_any(), result, took);
-    status.progress = status.progress.finished(rejected);
-    let conds = status.conditions.take().unwrap_or_default();
-    status.conditions = Some(conditions::merge(
-        &conds,
-        &[],
-        &[conditions::ROLLBACK_IN_PROGRESS],
-        generation(p),
-        &Time(p.now),
-    ));
-    let note = format!(
-        "Rollback complete: all traffic and capacity are back on RayCluster {}/{}",
-        p.ns,
-        u.active.name_any()
-    );
-    p.ctx
-        .event(p.rs, EventType::Normal, "RolledBack", "Reconcile", note)
-        .await;
-}
-
-/// When to look again while a step waits for Serve capacity. A step is due at `last step + interval` or at
-/// the instant its capacity is verified, whichever is later; that instant is only seen by reading Serve, so
-/// once the interval has passed Serve is read at the short capacity poll, and before that at the due
-/// instant (or the usual poll, if sooner).
-fn capacity_wake(p: &Pass<'_>, reason: WaitReason, due: Option<Timestamp>) -> Duration {
-    let options = &p.ctx.options;
-    let capacity = matches!(
-        reason,
-        WaitReason::PendingCapacityNotReady | WaitReason::ActiveCapacityNotReady
-    );
-    if !capacity {
-        return options.serve_poll_interval;
-    }
-    let left = due.map_or(0.0, |d| d.duration_since(Timestamp::now()).as_secs_f64());
-    if left <= 0.0 {
-        options.capacity_poll_interval
-    } else {
-        options.serve_poll_interval.min(Duration::from_secs_f64(left))
-    }
-}
-
-fn rolling_back(direction: Direction) -> &'static str {
-    match direction {
-        Direction::Forward => "",
-        Direction::Rollback => " (rolling back)",
-    }
-}
-
-fn generation(p: &Pass<'_>) -> i64 {
-    p.rs.metadata.generation.unwrap_or_default()
-}
-
-fn was_paused(status: &RayServiceStatuses) -> bool {
-    status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == PROGRESSING && c.reason == WaitReason::Paused.as_str())
-}
-
-fn set_rollback_condition(p: &Pass<'_>, status: &mut RayServiceStatuses, direction: Direction) {
-    let conds = status.conditions.take().unwrap_or_default();
-    let merged = if direction == Direction::Rollback {
-        let (reason, message) = match &status.progress.upgrade_abort {
-            Some(a) => (a.reason.as_str(), a.message.clone()),
-            None => (
-                "DesiredClusterSpecChanged",
-                "Goal state changed mid-upgrade, rolling back to original cluster.".to_string(),
-            ),
-        };
-        conditions::merge(
-            &conds,
-            &[Wanted::new(
-                conditions::ROLLBACK_IN_PROGRESS,
-                true,
-                reason,
-                message,
-            )],
-            &[],
-            generation(p),
-            &Time(p.now),
-        )
-    } else {
-        conditions::merge(
-            &conds,
-            &[],
-            &[conditions::ROLLBACK_IN_PROGRESS],
-            generation(p),
-            &Time(p.now),
-        )
-    };
-    status.conditions = Some(merged);
-}
-
-/// `Progressing`: True while steps happen on schedule, False with the reason when the upgrade waits.
-fn set_progressing(p: &Pass<'_>, status: &mut RayServiceStatuses, waiting: Option<WaitReason>) {
-    let upgrading = status
-        .pending_service_status
-        .as_ref()
-        .and_then(|s| s.ray_cluster_name.as_ref())
-        .is_some()
-        && status
-            .active_service_status
-            .as_ref()
-            .and_then(|s| s.ray_cluster_name.as_ref())
-            .is_some();
-    let conds: Vec<Condition> = status.conditions.take().unwrap_or_default();
-    let wanted = match (upgrading, waiting) {
-        (false, _) => None,
-        (true, Some(WaitReason::Interval)) | (true, None) => Some(Wanted::new(
-            PROGRESSING,
-            true,
-            "StepsOnSchedule",
-            "The incremental upgrade is moving step by step",
-        )),
-        (true, Some(r)) => Some(Wanted::new(PROGRESSING, false, r.as_str(), waiting_message(r))),
-    };
-    let merged = match wanted {
-        Some(w) => conditions::merge(&conds, &[w], &[], generation(p), &Time(p.now)),
-        None => conditions::merge(&conds, &[], &[PROGRESSING], generation(p), &Time(p.now)),
-    };
-    status.conditions = Some(merged);
-}
-
-fn waiting_message(r: WaitReason) -> &'static str {
-    match r {
-        WaitReason::RouteNotReady => {
-            "Waiting for the Gateway (Accepted, Programmed) and the HTTPRoute (Accepted, ResolvedRefs) to report the current generation"
-        }
-        WaitReason::PendingCapacityNotReady => {
-            "Waiting for the pending cluster's Serve replicas for its target_capacity to be RUNNING before moving traffic"
-        }
-        WaitReason::ActiveCapacityNotReady => {
-            "Waiting for the active cluster's Serve replicas for its target_capacity to be RUNNING before moving traffic back"
-        }
-        WaitReason::Paused => "Paused by the rayshift.io/upgrade-control annotation",
-        WaitReason::Interval => "Waiting for the next interval",
-    }
 }
 
 /// PUTs the cluster's own Serve config with a new `target_capacity`. The active cluster keeps the config it

@@ -1452,7 +1452,7 @@ fn service_view(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) ->
         |s: &Option<ClusterServiceStatus>| s.as_ref().and_then(|s| s.ray_cluster_name.as_ref()).is_some();
     let cond = |t: &str| status.conditions.iter().flatten().find(|c| c.type_ == t).cloned();
     let rollback = cond(conditions::ROLLBACK_IN_PROGRESS).is_some_and(|c| c.status == "True");
-    let progressing = cond(crate::incremental::PROGRESSING);
+    let progressing = cond(rayshift_api::upgrade::decide::PROGRESSING);
     let paused = progressing.as_ref().is_some_and(|c| c.reason == "Paused");
     let phase = match (
         named(&status.active_service_status),
@@ -1465,7 +1465,7 @@ fn service_view(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) ->
         (true, true) if progressing.as_ref().is_some_and(|c| c.status == "False") => "Waiting",
         (true, true) => "Upgrading",
     };
-    let last_step = crate::incremental::last_step_time(status);
+    let last_step = rayshift_api::upgrade::decide::last_step_time(status);
     let interval = rs
         .spec
         .cluster_upgrade_options()

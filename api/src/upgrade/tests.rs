@@ -417,7 +417,7 @@ proptest! {
     }
 }
 
-/// What the world and the user do between two passes, for the steering property below.
+/// What the world and the user do between two passes, for the whole-decision property below.
 #[derive(Clone, Debug)]
 enum World {
     Advance(i64),
@@ -425,6 +425,9 @@ enum World {
     Jump(i64),
     PendingReady(bool),
     ActiveReady(bool),
+    /// A dashboard answers or errors.
+    PendingReachable(bool),
+    ActiveReachable(bool),
     RouteReady(bool),
     Control(crate::upgrade_control::Control),
     /// The spec is edited away from the pending cluster's (or back to it).
@@ -438,6 +441,8 @@ fn world() -> impl Strategy<Value = World> {
         1 => (-600i64..3600).prop_map(World::Jump),
         2 => any::<bool>().prop_map(World::PendingReady),
         1 => any::<bool>().prop_map(World::ActiveReady),
+        1 => any::<bool>().prop_map(World::PendingReachable),
+        1 => any::<bool>().prop_map(World::ActiveReachable),
         1 => any::<bool>().prop_map(World::RouteReady),
         1 => prop_oneof![Just(Control::Run), Just(Control::Pause), Just(Control::Promote), Just(Control::Abort)]
             .prop_map(World::Control),
@@ -445,85 +450,140 @@ fn world() -> impl Strategy<Value = World> {
     ]
 }
 
+/// A running upgrade's status as the lifecycle leaves it: active `a` serving, pending `p` just created.
+fn upgrade_status() -> crate::RayServiceStatuses {
+    use crate::rayservice::ClusterServiceStatus;
+    let side = |name: &str| ClusterServiceStatus {
+        ray_cluster_name: Some(name.into()),
+        ..Default::default()
+    };
+    crate::RayServiceStatuses {
+        active_service_status: Some(side("a")),
+        pending_service_status: Some(side("p")),
+        ..Default::default()
+    }
+}
+
+fn levels_of(status: &crate::RayServiceStatuses) -> Observed {
+    let mut o = observed((0, 0), (0, 0));
+    o.active = Levels::from_status(status.active_service_status.as_ref(), Role::Active);
+    o.pending = Levels::from_status(status.pending_service_status.as_ref(), Role::Pending);
+    o
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
 
-    /// The upgrade's whole pure decision, steering included (abort, pause, promote, progress deadline, spec
-    /// edits and reverts, clock jumps, capacity and route readiness at any moment): the invariants hold after
-    /// every action, no traffic step comes before it is due (unless promoted), an abort sticks until the
-    /// rollback finishes, and every upgrade completes or rolls back once the world settles.
+    /// The upgrade's whole pure decision ([`decide`]), steering included (abort, pause, promote, progress
+    /// deadline, spec edits and reverts, clock jumps, dashboards failing, capacity and route readiness at
+    /// any moment): the invariants hold after every pass, no traffic moves onto unverified capacity or
+    /// before it is due (unless promoted), nothing moves while paused, every traffic step is its own event,
+    /// an abort sticks until the rollback finishes, and every upgrade completes or rolls back once the
+    /// world settles.
     #[test]
-    fn steering_and_planning_keep_invariants_and_terminate(
+    fn the_whole_decision_keeps_invariants_and_terminates(
         opts in options(),
         deadline in 1i64..900,
         script in prop::collection::vec(world(), 0..300),
     ) {
-        use crate::{progress::{Steering, UpgradeProgress}, upgrade_control::Control};
-        let mut o = observed((100, 100), (0, 0));
-        o.now = t(1_000_000);
-        let mut progress = UpgradeProgress::default();
-        let (mut control, mut goal) = (Control::Run, true);
+        use crate::upgrade_control::Control;
+        use decide::{ClusterSeen, Effect, Observation, Settings, Tally};
+        let mut status = upgrade_status();
+        let mut now = t(1_000_000);
+        let mut settings = Settings {
+            options: opts,
+            control: Control::Run,
+            deadline: SignedDuration::from_secs(deadline),
+            goal_digest: "goal".into(),
+            namespace: "ns".into(),
+            generation: 1,
+            serve_poll: SignedDuration::from_secs(2),
+            capacity_poll: SignedDuration::from_millis(50),
+        };
+        let cluster = |name: &str, digest: &str| ClusterSeen {
+            name: name.into(),
+            spec_digest: Some(digest.into()),
+            reachable: false,
+            capacity_verified: false,
+        };
+        let mut seen = Observation {
+            active: Some(ClusterSeen { reachable: true, ..cluster("a", "old") }),
+            pending: Some(cluster("p", "goal")),
+            route_ready: false,
+        };
         let mut script = script.into_iter();
         let mut aborted = false;
         let mut outcome = None;
+        let mut wake = now;
         for _ in 0..20_000 {
+            let (a, p) = (seen.active.as_mut().unwrap(), seen.pending.as_mut().unwrap());
             match script.next() {
-                Some(World::Advance(s)) | Some(World::Jump(s)) => o.now = o.now.checked_add(SignedDuration::from_secs(s)).unwrap(),
-                Some(World::PendingReady(r)) => o.pending_capacity_ready = r,
-                Some(World::ActiveReady(r)) => o.active_capacity_ready = r,
-                Some(World::RouteReady(r)) => o.route_ready = r,
-                Some(World::Control(c)) => control = c,
-                Some(World::SpecMatchesPending(g)) => goal = g,
+                Some(World::Advance(s)) | Some(World::Jump(s)) => now = now.checked_add(SignedDuration::from_secs(s)).unwrap(),
+                Some(World::PendingReady(r)) => p.capacity_verified = r,
+                Some(World::ActiveReady(r)) => a.capacity_verified = r,
+                Some(World::PendingReachable(r)) => p.reachable = r,
+                Some(World::ActiveReachable(r)) => a.reachable = r,
+                Some(World::RouteReady(r)) => seen.route_ready = r,
+                Some(World::Control(c)) => settings.control = c,
+                Some(World::SpecMatchesPending(g)) => settings.goal_digest = if g { "goal" } else { "newer" }.into(),
                 None => {
-                    o.pending_capacity_ready = true;
-                    o.active_capacity_ready = true;
-                    o.route_ready = true;
-                    control = Control::Run;
-                    o.now = o.now.checked_add(SignedDuration::from_secs(1)).unwrap();
+                    for c in [a, p] {
+                        c.capacity_verified = true;
+                        c.reachable = true;
+                    }
+                    seen.route_ready = true;
+                    settings.control = Control::Run;
+                    // The controller comes back when the last pass said.
+                    now = wake.max(now);
                 }
             }
-            let steering = Steering {
-                control,
-                pending_runs_goal: goal,
-                deadline: SignedDuration::from_secs(deadline),
-                interval: opts.interval,
-                last_traffic_step: o.last_traffic_step,
-                now: o.now,
-            };
-            progress.steer(&steering);
-            aborted |= progress.upgrade_abort.is_some();
-            prop_assert!(!aborted || progress.upgrade_abort.is_some(), "an abort sticks");
-            o.direction = progress.direction(goal);
-            o.paused = control == Control::Pause;
-            o.hurry = control == Control::Promote;
-            let before = o;
-            let action = next_action(&opts, &o);
-            match action {
-                Action::Wait { until: Some(due), .. } => {
-                    prop_assert!(due > o.now);
-                    continue;
-                }
-                Action::Wait { .. } => continue,
-                Action::Promote => {
-                    prop_assert!(!aborted && goal, "promoted an aborted or outdated upgrade");
-                    outcome = Some("completed");
-                    break;
-                }
-                Action::FinishRollback => {
-                    outcome = Some("rolled back");
-                    break;
-                }
-                Action::SetTraffic { .. } => {
-                    let due = before.last_traffic_step.map(|l| l + opts.interval);
-                    prop_assert!(before.hurry || due.is_none_or(|d| before.now >= d), "a step before it was due: {:?}", before);
-                }
-                Action::SetTargetCapacity { .. } => {}
+            let before = levels_of(&status);
+            let last_step = decide::last_step_time(&status);
+            let d = decide(&seen, &status, &settings, now);
+            aborted |= d.status.progress.upgrade_abort.is_some();
+            prop_assert!(!aborted || d.status.progress.upgrade_abort.is_some() || d.status.pending_service_status.is_none(), "an abort sticks");
+            prop_assert!(d.wake.is_some_and(|w| w > now), "every pass says when to look again");
+            wake = d.wake.unwrap_or(now);
+            if let Some(due) = d.step_due {
+                prop_assert!(due > now && d.effect.is_none());
             }
-            prop_assert!(!before.paused, "no change while paused");
-            apply(&mut o, action);
-            progress.last_progress_time = Some(o.now);
-            assert_invariants(&opts, &o)?;
+            let moved = d.notices.iter().filter(|n| n.reason == "UpdatedHTTPRoute").count();
+            prop_assert_eq!(moved, usize::from(d.effect == Some(Effect::Traffic)), "one event per traffic step");
+            if let Some(Tally::Finished { result, .. }) = d.tallies.iter().find(|t| matches!(t, Tally::Finished { .. })) {
+                if d.status.pending_service_status.is_none() && d.status.active_service_status.as_ref().unwrap().ray_cluster_name.as_deref() == Some("p") {
+                    prop_assert!(!aborted && settings.goal_digest == "goal", "promoted an aborted or outdated upgrade");
+                }
+                outcome = Some(*result);
+                break;
+            }
+            status = d.status;
+            let after = levels_of(&status);
+            let (a, p) = (seen.active.as_ref().unwrap(), seen.pending.as_ref().unwrap());
+            // Deliberate: in a rollback, a pending cluster whose Serve cannot be reached counts with the
+            // traffic it still carries, not its last recorded capacity (getting traffic off it comes first).
+            // Above the bound for that reason, the sum only falls until the pending capacity is lowered.
+            let mut bounded = after;
+            let sum = |o: &Observed| o.active.capacity + o.pending.capacity;
+            let rollback = status.progress.direction(settings.goal_digest == "goal") == Direction::Rollback;
+            if (rollback && !p.reachable) || sum(&after) <= sum(&before) {
+                bounded.pending.capacity = after.pending.traffic;
+            }
+            assert_invariants(&opts, &bounded)?;
+            prop_assert!(after.pending.traffic <= after.pending.capacity);
+            if after.pending.traffic > before.pending.traffic {
+                prop_assert!(p.reachable && p.capacity_verified && seen.route_ready, "traffic onto unverified capacity");
+            }
+            if after.active.traffic > before.active.traffic {
+                prop_assert!(a.reachable && a.capacity_verified && seen.route_ready, "traffic back onto unverified capacity");
+            }
+            if d.effect == Some(Effect::Traffic) {
+                let due = last_step.map(|l| l + opts.interval);
+                prop_assert!(settings.control == Control::Promote || due.is_none_or(|d| now >= d), "a step before it was due");
+            }
+            if settings.control == Control::Pause {
+                prop_assert_eq!((after.active, after.pending), (before.active, before.pending), "no change while paused");
+            }
         }
-        prop_assert!(outcome.is_some(), "neither completed nor rolled back: {:?} {:?}", o, progress);
+        prop_assert!(outcome.is_some(), "neither completed nor rolled back: {:?}", status);
     }
 }

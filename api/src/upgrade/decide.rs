@@ -1,0 +1,520 @@
+//! One pass of an incremental upgrade, decided whole and without I/O: steering (abort, progress deadline,
+//! pause), the planner's next action, the status it leaves (levels, typed progress, conditions), the events
+//! and counts that follow, and when to look again. The controller observes, calls [`decide`], and applies
+//! the [`StepDecision`]: one Serve `target_capacity` PUT at most, the route from the status, the events,
+//! the status write.
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::{Action, Direction, Levels, Observed, Role, UpgradeOptions, WaitReason, next_action};
+use crate::{
+    conditions::{self, Wanted},
+    progress::{AbortReason, Steering},
+    rayservice::{ClusterServiceStatus, RayServiceStatuses},
+    upgrade_control::Control,
+};
+
+/// Condition type: True while steps happen on schedule, False with the reason while the upgrade waits.
+pub const PROGRESSING: &str = "Progressing";
+
+/// What the spec and the operator ask of the upgrade.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub options: UpgradeOptions,
+    pub control: Control,
+    pub deadline: SignedDuration,
+    /// The spec digest of the current spec: a pending cluster built from another one is rolled back.
+    pub goal_digest: String,
+    pub namespace: String,
+    pub generation: i64,
+    /// How often Serve is read while the upgrade waits for it.
+    pub serve_poll: SignedDuration,
+    /// How often Serve is read once a step is due and waits only for its capacity to be verified.
+    pub capacity_poll: SignedDuration,
+}
+
+/// One cluster of the upgrade as the pass saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterSeen {
+    pub name: String,
+    /// The spec digest it was built from.
+    pub spec_digest: Option<String>,
+    /// Its head is ready and Serve answered: its capacity can be changed.
+    pub reachable: bool,
+    /// Serve runs the replicas that the cluster's target capacity in the status implies, all RUNNING.
+    pub capacity_verified: bool,
+}
+
+/// What the controller observed this pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    pub active: Option<ClusterSeen>,
+    pub pending: Option<ClusterSeen>,
+    /// Gateway Accepted+Programmed and route Accepted+ResolvedRefs for their current generations.
+    pub route_ready: bool,
+}
+
+/// The one write the pass makes besides the route and the status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// PUT this cluster's own Serve config with this `target_capacity`.
+    TargetCapacity {
+        role: Role,
+        cluster: String,
+        percent: i32,
+    },
+    /// The route weights in the status changed: write the route.
+    Traffic,
+}
+
+/// An event for `kubectl describe`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// How an upgrade ended, for `rayshift_upgrades_total{result}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpgradeResult {
+    Completed,
+    RolledBack,
+    Aborted,
+}
+
+impl UpgradeResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpgradeResult::Completed => "completed",
+            UpgradeResult::RolledBack => "rolled_back",
+            UpgradeResult::Aborted => "aborted",
+        }
+    }
+}
+
+/// What the metrics count of the pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Tally {
+    CapacityChange(Role),
+    /// Traffic moved, this long after the step before it.
+    TrafficStep {
+        waited_seconds: Option<f64>,
+    },
+    Finished {
+        result: UpgradeResult,
+        seconds: Option<f64>,
+    },
+}
+
+/// The whole outcome of one pass.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepDecision {
+    /// The status to write (levels, progress and conditions of the upgrade).
+    pub status: RayServiceStatuses,
+    pub effect: Option<Effect>,
+    pub notices: Vec<Notice>,
+    pub tallies: Vec<Tally>,
+    /// When to look again; `None`: only when something changes (or at the resync).
+    pub wake: Option<Timestamp>,
+    /// The next traffic step, when it waits only for its interval.
+    pub step_due: Option<Timestamp>,
+}
+
+/// When traffic last moved: rayshift's own record (sub-second), else KubeRay's whole-second fields.
+pub fn last_step_time(status: &RayServiceStatuses) -> Option<Timestamp> {
+    let kuberay = [&status.active_service_status, &status.pending_service_status]
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.last_traffic_migrated_time.as_ref().map(|t| t.0))
+        .max();
+    status.progress.last_traffic_step_time.or(kuberay)
+}
+
+/// Decides one pass of an incremental upgrade from the status the last pass left and what was observed.
+pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now: Timestamp) -> StepDecision {
+    let mut d = StepDecision {
+        status: status.clone(),
+        effect: None,
+        notices: Vec::new(),
+        tallies: Vec::new(),
+        wake: None,
+        step_due: None,
+    };
+    seed_levels(&mut d.status);
+    let (Some(active), Some(pending)) = (&seen.active, &seen.pending) else {
+        set_progressing(&mut d.status, None, s, now);
+        return d;
+    };
+    let observed = steer(&mut d, seen, pending, s, now);
+    let action = next_action(&s.options, &observed);
+    if let Action::Wait { until, reason } = action {
+        wait(&mut d, &observed, s, until, reason);
+        return d;
+    }
+    let sides = Sides {
+        active,
+        pending,
+        observed: &observed,
+        namespace: &s.namespace,
+    };
+    match action {
+        Action::SetTargetCapacity { role, percent } => {
+            if !set_target_capacity(&mut d, &sides, role, percent) {
+                let wait_reason = match role {
+                    Role::Active => WaitReason::ActiveCapacityNotReady,
+                    Role::Pending => WaitReason::PendingCapacityNotReady,
+                };
+                set_progressing(&mut d.status, Some(wait_reason), s, now);
+                d.wake = Some(now + s.serve_poll);
+                return d;
+            }
+        }
+        Action::SetTraffic { active, pending } => set_traffic(&mut d, &sides, active, pending),
+        Action::Promote => promote(&mut d, &sides),
+        Action::FinishRollback => finish_rollback(&mut d, &sides, s, now),
+        Action::Wait { .. } => unreachable!("handled above"),
+    }
+    if d.status.pending_service_status.is_some() {
+        d.status.progress.last_progress_time = Some(now);
+    }
+    set_progressing(&mut d.status, None, s, now);
+    // Act again at once: the next decision needs fresh observations.
+    d.wake = Some(now + SignedDuration::from_millis(20));
+    d
+}
+
+/// Fresh sides start where KubeRay starts them: a first cluster at full capacity, a new pending one at 0.
+fn seed_levels(status: &mut RayServiceStatuses) {
+    let first = status
+        .active_service_status
+        .as_ref()
+        .and_then(|a| a.ray_cluster_name.as_ref())
+        .is_none();
+    if let Some(pending) = status.pending_service_status.as_mut()
+        && pending.target_capacity.is_none()
+    {
+        let level = if first { 100 } else { 0 };
+        pending.target_capacity = Some(level);
+        pending.traffic_routed_percent = Some(level);
+    }
+    if let Some(active) = status.active_service_status.as_mut() {
+        active.target_capacity.get_or_insert(100);
+        active.traffic_routed_percent.get_or_insert(100);
+    }
+}
+
+/// Abort, deadline and pause first, with their events and the rollback condition; then what the planner
+/// sees.
+fn steer(
+    d: &mut StepDecision,
+    seen: &Observation,
+    pending: &ClusterSeen,
+    s: &Settings,
+    now: Timestamp,
+) -> Observed {
+    let last_step = last_step_time(&d.status);
+    let pending_runs_goal = pending.spec_digest.as_deref() == Some(s.goal_digest.as_str());
+    let steering = Steering {
+        control: s.control,
+        pending_runs_goal,
+        deadline: s.deadline,
+        interval: s.options.interval,
+        last_traffic_step: last_step,
+        now,
+    };
+    if let Some(abort) = d.status.progress.steer(&steering) {
+        let note = format!("Rolling back the incremental upgrade: {}", abort.message);
+        d.notices
+            .push(Notice::warning(abort.reason.as_str(), "Reconcile", note));
+    }
+    let direction = d.status.progress.direction(pending_runs_goal);
+    set_rollback_condition(&mut d.status, direction, s, now);
+    if was_paused(&d.status) && s.control != Control::Pause {
+        let note = "Incremental upgrade resumed: rayshift.io/upgrade-control no longer says pause";
+        d.notices
+            .push(Notice::normal("UpgradeResumed", "Reconcile", note.into()));
+    }
+    let active = seen.active.clone().unwrap_or_default();
+    Observed {
+        active: Levels::from_status(d.status.active_service_status.as_ref(), Role::Active),
+        pending: Levels::from_status(d.status.pending_service_status.as_ref(), Role::Pending),
+        last_traffic_step: last_step,
+        direction,
+        route_ready: seen.route_ready,
+        pending_capacity_ready: pending.reachable && pending.capacity_verified,
+        active_capacity_ready: active.reachable && active.capacity_verified,
+        pending_reachable: pending.reachable,
+        paused: s.control == Control::Pause,
+        hurry: s.control == Control::Promote,
+        now,
+    }
+}
+
+/// Records why the upgrade waits and when to look again.
+fn wait(d: &mut StepDecision, o: &Observed, s: &Settings, until: Option<Timestamp>, reason: WaitReason) {
+    let paused_before = was_paused(&d.status);
+    set_progressing(&mut d.status, Some(reason), s, o.now);
+    if reason == WaitReason::Paused && !paused_before {
+        let note = "Incremental upgrade paused by rayshift.io/upgrade-control";
+        d.notices
+            .push(Notice::normal("UpgradePaused", "Reconcile", note.into()));
+    }
+    d.step_due = until;
+    d.wake = Some(match until {
+        Some(due) => due,
+        None => capacity_wake(o, s, reason),
+    });
+}
+
+/// When to look again while a step waits for Serve. A step is due at `last step + interval` or at the
+/// instant its capacity is verified, whichever is later; that instant is only seen by reading Serve, so
+/// once the interval has passed Serve is read at the short capacity poll, and before that at the due
+/// instant (or the usual poll, if sooner).
+fn capacity_wake(o: &Observed, s: &Settings, reason: WaitReason) -> Timestamp {
+    let capacity = matches!(
+        reason,
+        WaitReason::PendingCapacityNotReady | WaitReason::ActiveCapacityNotReady
+    );
+    if !capacity {
+        return o.now + s.serve_poll;
+    }
+    match o.last_traffic_step.map(|t| t + s.options.interval) {
+        Some(due) if due > o.now => (o.now + s.serve_poll).min(due),
+        _ => o.now + s.capacity_poll,
+    }
+}
+
+/// The two clusters of a running upgrade, as the pass began.
+struct Sides<'a> {
+    active: &'a ClusterSeen,
+    pending: &'a ClusterSeen,
+    observed: &'a Observed,
+    namespace: &'a str,
+}
+
+/// Sets the new `target_capacity`; `false` when that cluster's Serve cannot take it yet.
+fn set_target_capacity(d: &mut StepDecision, u: &Sides<'_>, role: Role, percent: i32) -> bool {
+    let (cluster, from, side) = match role {
+        Role::Active => (
+            u.active,
+            u.observed.active.capacity,
+            &mut d.status.active_service_status,
+        ),
+        Role::Pending => (
+            u.pending,
+            u.observed.pending.capacity,
+            &mut d.status.pending_service_status,
+        ),
+    };
+    if !cluster.reachable {
+        return false;
+    }
+    if let Some(side) = side.as_mut() {
+        side.target_capacity = Some(percent);
+    }
+    d.effect = Some(Effect::TargetCapacity {
+        role,
+        cluster: cluster.name.clone(),
+        percent,
+    });
+    d.tallies.push(Tally::CapacityChange(role));
+    let note = format!(
+        "Set target_capacity of {} RayCluster {}/{}: {from}% → {percent}%{}",
+        role.as_str(),
+        u.namespace,
+        cluster.name,
+        rolling_back(u.observed.direction)
+    );
+    d.notices
+        .push(Notice::normal("UpdatedServeTargetCapacity", "Update", note));
+    true
+}
+
+fn set_traffic(d: &mut StepDecision, u: &Sides<'_>, active: i32, pending: i32) {
+    let now = u.observed.now;
+    let waited = u
+        .observed
+        .last_traffic_step
+        .map(|t| now.duration_since(t).as_secs_f64());
+    d.tallies.push(Tally::TrafficStep {
+        waited_seconds: waited,
+    });
+    d.status.progress.last_traffic_step_time = Some(now);
+    for (side, weight) in [
+        (&mut d.status.active_service_status, active),
+        (&mut d.status.pending_service_status, pending),
+    ] {
+        if let Some(side) = side.as_mut() {
+            side.traffic_routed_percent = Some(weight);
+            side.last_traffic_migrated_time = Some(Time(now));
+        }
+    }
+    d.effect = Some(Effect::Traffic);
+    let (a, p) = (u.observed.active.traffic, u.observed.pending.traffic);
+    let note = format!(
+        "Moved traffic: {} {a}% → {active}%, {} {p}% → {pending}%{}",
+        u.active.name,
+        u.pending.name,
+        rolling_back(u.observed.direction)
+    );
+    d.notices.push(Notice::normal("UpdatedHTTPRoute", "Update", note));
+}
+
+fn promote(d: &mut StepDecision, u: &Sides<'_>) {
+    let mut promoted: ClusterServiceStatus = d.status.pending_service_status.take().unwrap_or_default();
+    promoted.target_capacity = Some(100);
+    promoted.traffic_routed_percent = Some(100);
+    d.status.active_service_status = Some(promoted);
+    d.tallies.push(Tally::Finished {
+        result: UpgradeResult::Completed,
+        seconds: d.status.progress.duration(u.observed.now),
+    });
+    d.status.progress = Default::default();
+    let note = format!(
+        "Promoted RayCluster {}/{}: it serves all traffic now; {} will be deleted",
+        u.namespace, u.pending.name, u.active.name
+    );
+    d.notices.push(Notice::normal("Promoted", "Reconcile", note));
+}
+
+fn finish_rollback(d: &mut StepDecision, u: &Sides<'_>, s: &Settings, now: Timestamp) {
+    d.status.pending_service_status = None;
+    if let Some(a) = d.status.active_service_status.as_mut() {
+        a.target_capacity = Some(100);
+        a.traffic_routed_percent = Some(100);
+    }
+    let progress = &d.status.progress;
+    // An abort or a missed deadline rejects the spec the pending cluster ran; a spec change does not.
+    let (result, rejected) = match &progress.upgrade_abort {
+        Some(a) if a.reason == AbortReason::UpgradeAborted => {
+            (UpgradeResult::Aborted, u.pending.spec_digest.clone())
+        }
+        Some(_) => (UpgradeResult::RolledBack, u.pending.spec_digest.clone()),
+        None => (UpgradeResult::RolledBack, progress.rejected_spec_digest.clone()),
+    };
+    d.tallies.push(Tally::Finished {
+        result,
+        seconds: progress.duration(now),
+    });
+    d.status.progress = progress.finished(rejected);
+    merge_conditions(&mut d.status, &[], &[conditions::ROLLBACK_IN_PROGRESS], s, now);
+    let note = format!(
+        "Rollback complete: all traffic and capacity are back on RayCluster {}/{}",
+        u.namespace, u.active.name
+    );
+    d.notices.push(Notice::normal("RolledBack", "Reconcile", note));
+}
+
+fn rolling_back(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Forward => "",
+        Direction::Rollback => " (rolling back)",
+    }
+}
+
+fn was_paused(status: &RayServiceStatuses) -> bool {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == PROGRESSING && c.reason == WaitReason::Paused.as_str())
+}
+
+fn merge_conditions(
+    status: &mut RayServiceStatuses,
+    wanted: &[Wanted],
+    drop: &[&str],
+    s: &Settings,
+    now: Timestamp,
+) {
+    let old = status.conditions.take().unwrap_or_default();
+    status.conditions = Some(conditions::merge(&old, wanted, drop, s.generation, &Time(now)));
+}
+
+fn set_rollback_condition(
+    status: &mut RayServiceStatuses,
+    direction: Direction,
+    s: &Settings,
+    now: Timestamp,
+) {
+    if direction == Direction::Forward {
+        merge_conditions(status, &[], &[conditions::ROLLBACK_IN_PROGRESS], s, now);
+        return;
+    }
+    let (reason, message) = match &status.progress.upgrade_abort {
+        Some(a) => (a.reason.as_str(), a.message.clone()),
+        None => (
+            "DesiredClusterSpecChanged",
+            "Goal state changed mid-upgrade, rolling back to original cluster.".to_string(),
+        ),
+    };
+    let wanted = Wanted::new(conditions::ROLLBACK_IN_PROGRESS, true, reason, message);
+    merge_conditions(status, &[wanted], &[], s, now);
+}
+
+/// `Progressing` while both clusters exist: True when steps happen on schedule, False with the reason when
+/// the upgrade waits for something other than its interval.
+fn set_progressing(
+    status: &mut RayServiceStatuses,
+    waiting: Option<WaitReason>,
+    s: &Settings,
+    now: Timestamp,
+) {
+    let named = |side: &Option<ClusterServiceStatus>| {
+        side.as_ref().and_then(|x| x.ray_cluster_name.as_ref()).is_some()
+    };
+    let upgrading = named(&status.active_service_status) && named(&status.pending_service_status);
+    match (upgrading, waiting) {
+        (false, _) => merge_conditions(status, &[], &[PROGRESSING], s, now),
+        (true, Some(WaitReason::Interval) | None) => {
+            let w = Wanted::new(
+                PROGRESSING,
+                true,
+                "StepsOnSchedule",
+                "The incremental upgrade is moving step by step",
+            );
+            merge_conditions(status, &[w], &[], s, now);
+        }
+        (true, Some(r)) => {
+            let w = Wanted::new(PROGRESSING, false, r.as_str(), waiting_message(r));
+            merge_conditions(status, &[w], &[], s, now);
+        }
+    }
+}
+
+fn waiting_message(r: WaitReason) -> &'static str {
+    match r {
+        WaitReason::RouteNotReady => {
+            "Waiting for the Gateway (Accepted, Programmed) and the HTTPRoute (Accepted, ResolvedRefs) to report the current generation"
+        }
+        WaitReason::PendingCapacityNotReady => {
+            "Waiting for the pending cluster's Serve replicas for its target_capacity to be RUNNING before moving traffic"
+        }
+        WaitReason::ActiveCapacityNotReady => {
+            "Waiting for the active cluster's Serve replicas for its target_capacity to be RUNNING before moving traffic back"
+        }
+        WaitReason::Paused => "Paused by the rayshift.io/upgrade-control annotation",
+        WaitReason::Interval => "Waiting for the next interval",
+    }
+}
+
+impl Notice {
+    fn normal(reason: &'static str, action: &'static str, note: String) -> Self {
+        Self {
+            warning: false,
+            reason,
+            action,
+            note,
+        }
+    }
+
+    fn warning(reason: &'static str, action: &'static str, note: String) -> Self {
+        Self {
+            warning: true,
+            ..Self::normal(reason, action, note)
+        }
+    }
+}
