@@ -236,6 +236,28 @@ fn rollback_finishes_even_if_pending_is_unreachable() {
 }
 
 #[test]
+fn going_forward_over_the_surge_bound_lowers_capacity_first() {
+    // A rollback raised the active side while the pending one was unreachable, then the spec was reverted.
+    let o = observed((100, 99), (2, 1));
+    assert_eq!(
+        next_action(&opts(1, 1, 0), &o),
+        Action::SetTargetCapacity {
+            role: Role::Active,
+            percent: 99
+        }
+    );
+    // The active side already at its traffic: the pending side comes down instead.
+    let o = observed((99, 99), (40, 1));
+    assert_eq!(
+        next_action(&opts(20, 5, 0), &o),
+        Action::SetTargetCapacity {
+            role: Role::Pending,
+            percent: 21
+        }
+    );
+}
+
+#[test]
 fn rollback_moves_traffic_only_to_verified_active_capacity() {
     let mut o = observed((80, 60), (40, 40));
     o.direction = Direction::Rollback;
@@ -586,4 +608,115 @@ proptest! {
         }
         prop_assert!(outcome.is_some(), "neither completed nor rolled back: {:?}", status);
     }
+}
+
+fn decide_settings(control: crate::upgrade_control::Control) -> decide::Settings {
+    decide::Settings {
+        options: opts(50, 50, 10),
+        control,
+        deadline: SignedDuration::from_secs(600),
+        goal_digest: "goal".into(),
+        namespace: "ns".into(),
+        generation: 3,
+        serve_poll: SignedDuration::from_secs(2),
+        capacity_poll: SignedDuration::from_millis(50),
+    }
+}
+
+fn both_ready() -> decide::Observation {
+    let seen = |name: &str, digest: &str| decide::ClusterSeen {
+        name: name.into(),
+        spec_digest: Some(digest.into()),
+        reachable: true,
+        capacity_verified: true,
+    };
+    decide::Observation {
+        active: Some(seen("a", "old")),
+        pending: Some(seen("p", "goal")),
+        route_ready: true,
+    }
+}
+
+#[test]
+fn a_decided_pass_carries_its_events_conditions_and_wake() {
+    use crate::upgrade_control::Control;
+    use decide::{Effect, Tally};
+    let progressing = |s: &crate::RayServiceStatuses| {
+        let c = s
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == decide::PROGRESSING)
+            .unwrap();
+        (c.status.clone(), c.reason.clone())
+    };
+    // First pass: raise the pending capacity, with its event; come back at once.
+    let d = decide(
+        &both_ready(),
+        &upgrade_status(),
+        &decide_settings(Control::Run),
+        t(100),
+    );
+    assert_eq!(
+        d.effect,
+        Some(Effect::TargetCapacity {
+            role: Role::Pending,
+            cluster: "p".into(),
+            percent: 50
+        })
+    );
+    assert_eq!(
+        d.notices[0].note,
+        "Set target_capacity of pending RayCluster ns/p: 0% → 50%"
+    );
+    assert_eq!(d.tallies, vec![Tally::CapacityChange(Role::Pending)]);
+    assert_eq!(d.wake, Some(t(100) + SignedDuration::from_millis(20)));
+    assert_eq!(progressing(&d.status), ("True".into(), "StepsOnSchedule".into()));
+    // Paused: no effect, one UpgradePaused event, Progressing False; resumed: one UpgradeResumed event.
+    let paused = decide(&both_ready(), &d.status, &decide_settings(Control::Pause), t(101));
+    assert_eq!(
+        (paused.effect.clone(), paused.notices[0].reason),
+        (None, "UpgradePaused")
+    );
+    assert_eq!(progressing(&paused.status), ("False".into(), "Paused".into()));
+    let again = decide(
+        &both_ready(),
+        &paused.status,
+        &decide_settings(Control::Pause),
+        t(102),
+    );
+    assert!(again.notices.is_empty(), "paused is told once");
+    let resumed = decide(
+        &both_ready(),
+        &again.status,
+        &decide_settings(Control::Run),
+        t(103),
+    );
+    assert_eq!(resumed.notices[0].reason, "UpgradeResumed");
+    // The traffic step is stamped with the decision's instant; the next one is due an interval later.
+    assert_eq!(resumed.effect, Some(Effect::Traffic));
+    assert_eq!(resumed.status.progress.last_traffic_step_time, Some(t(103)));
+    // Capacity follows (active down, pending up), then the next step waits for its interval.
+    let mut waiting = resumed.clone();
+    for second in 104..107 {
+        waiting = decide(
+            &both_ready(),
+            &waiting.status,
+            &decide_settings(Control::Run),
+            t(second),
+        );
+    }
+    assert_eq!(waiting.effect, None);
+    assert_eq!(waiting.step_due, Some(t(113)));
+    assert_eq!(waiting.wake, Some(t(113)));
+    // The pending cluster's dashboard fails: a capacity change waits and says so.
+    let mut seen = both_ready();
+    seen.active.as_mut().unwrap().reachable = false;
+    let blocked = decide(&seen, &resumed.status, &decide_settings(Control::Run), t(104));
+    assert_eq!(blocked.effect, None);
+    assert_eq!(
+        progressing(&blocked.status),
+        ("False".into(), "WaitingForActiveCapacity".into())
+    );
+    assert_eq!(blocked.wake, Some(t(106)));
 }
