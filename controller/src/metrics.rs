@@ -38,7 +38,7 @@ pub struct ServiceView {
 
 #[derive(Clone)]
 pub struct Metrics {
-    leader: prometheus::Gauge,
+    health: Health,
     target_capacity: GaugeVec,
     traffic: GaugeVec,
     phase: GaugeVec,
@@ -52,196 +52,112 @@ pub struct Metrics {
     capacity_changes: IntCounterVec,
     upgrade_duration: HistogramVec,
     step_wait: HistogramVec,
-    reconcile_duration: Histogram,
-    reconcile_errors: IntCounterVec,
-    api_writes: IntCounterVec,
-    dashboard_latency: HistogramVec,
-    dashboard_errors: IntCounterVec,
 }
 
 impl Metrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let r = Registrar(registry);
         let svc = &["namespace", "name"];
         let role = &["namespace", "name", "role"];
-        let gauge = |name: &str, help: &str, labels: &[&str]| GaugeVec::new(Opts::new(name, help), labels);
+        let result = &["namespace", "name", "result"];
         let m = Self {
-            leader: prometheus::Gauge::new(
-                "rayshift_controller_leader",
-                "1 while this replica holds the leader Lease and reconciles.",
-            )?,
-            target_capacity: gauge(
+            health: Health::register(&r)?,
+            target_capacity: r.gauges(
                 "rayshift_rayservice_target_capacity_percent",
                 "Ray Serve target_capacity of the RayService's active or pending cluster.",
                 role,
             )?,
-            traffic: gauge(
+            traffic: r.gauges(
                 "rayshift_rayservice_traffic_percent",
                 "HTTPRoute weight (percent of traffic) of the active or pending cluster.",
                 role,
             )?,
-            phase: gauge(
+            phase: r.gauges(
                 "rayshift_rayservice_upgrade_phase",
                 "Upgrade phase of the RayService: 1 for the current phase, 0 for the others.",
                 &["namespace", "name", "phase"],
             )?,
-            upgrade_in_progress: gauge(
+            upgrade_in_progress: r.gauges(
                 "rayshift_rayservice_upgrade_in_progress",
                 "1 while the RayService has a pending cluster.",
                 svc,
             )?,
-            rollback_in_progress: gauge(
+            rollback_in_progress: r.gauges(
                 "rayshift_rayservice_rollback_in_progress",
                 "1 while an incremental upgrade is being rolled back.",
                 svc,
             )?,
-            paused: gauge(
+            paused: r.gauges(
                 "rayshift_rayservice_upgrade_paused",
                 "1 while the incremental upgrade is paused.",
                 svc,
             )?,
-            last_step: gauge(
+            last_step: r.gauges(
                 "rayshift_rayservice_last_traffic_step_timestamp_seconds",
                 "Unix time of the last traffic step.",
                 svc,
             )?,
-            until_next_step: gauge(
+            until_next_step: r.gauges(
                 "rayshift_rayservice_seconds_until_next_traffic_step",
                 "Seconds until the next traffic step is due (0 when due or waiting on something else).",
                 svc,
             )?,
-            upgrades: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_upgrades_total",
-                    "Upgrades by outcome: started, completed, rolled_back, aborted.",
-                ),
-                &["namespace", "name", "result"],
+            upgrades: r.counters(
+                "rayshift_upgrades_total",
+                "Upgrades by outcome: started, completed, rolled_back, aborted.",
+                result,
             )?,
-            traffic_steps: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_traffic_steps_total",
-                    "HTTPRoute weight changes made by incremental upgrades.",
-                ),
+            traffic_steps: r.counters(
+                "rayshift_traffic_steps_total",
+                "HTTPRoute weight changes made by incremental upgrades.",
                 svc,
             )?,
-            capacity_changes: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_capacity_changes_total",
-                    "Ray Serve target_capacity changes, by cluster role.",
-                ),
+            capacity_changes: r.counters(
+                "rayshift_capacity_changes_total",
+                "Ray Serve target_capacity changes, by cluster role.",
                 role,
             )?,
-            upgrade_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "rayshift_upgrade_duration_seconds",
-                    "Time from an upgrade's start to its promotion or rollback.",
-                )
-                .buckets(UPGRADE_BUCKETS.to_vec()),
-                &["namespace", "name", "result"],
+            upgrade_duration: r.histograms(
+                "rayshift_upgrade_duration_seconds",
+                "Time from an upgrade's start to its promotion or rollback.",
+                result,
+                UPGRADE_BUCKETS,
             )?,
-            step_wait: HistogramVec::new(
-                HistogramOpts::new(
-                    "rayshift_traffic_step_wait_seconds",
-                    "Time between consecutive traffic steps of an upgrade.",
-                )
-                .buckets(STEP_BUCKETS.to_vec()),
+            step_wait: r.histograms(
+                "rayshift_traffic_step_wait_seconds",
+                "Time between consecutive traffic steps of an upgrade.",
                 svc,
-            )?,
-            reconcile_duration: Histogram::with_opts(
-                HistogramOpts::new(
-                    "rayshift_reconcile_duration_seconds",
-                    "Time of one RayService reconcile pass.",
-                )
-                .buckets(RECONCILE_BUCKETS.to_vec()),
-            )?,
-            reconcile_errors: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_reconcile_errors_total",
-                    "Reconcile passes that failed, by reason.",
-                ),
-                &["reason"],
-            )?,
-            api_writes: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_kubernetes_writes_total",
-                    "Writes the controller sent to the Kubernetes API, by kind and verb.",
-                ),
-                &["kind", "verb"],
-            )?,
-            dashboard_latency: HistogramVec::new(
-                HistogramOpts::new(
-                    "rayshift_ray_dashboard_request_duration_seconds",
-                    "Latency of Ray dashboard requests.",
-                )
-                .buckets(DASHBOARD_BUCKETS.to_vec()),
-                &["operation"],
-            )?,
-            dashboard_errors: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_ray_dashboard_errors_total",
-                    "Failed Ray dashboard requests (each attempt).",
-                ),
-                &["operation"],
+                STEP_BUCKETS,
             )?,
         };
-        registry.register(Box::new(m.leader.clone()))?;
-        registry.register(Box::new(m.target_capacity.clone()))?;
-        registry.register(Box::new(m.traffic.clone()))?;
-        registry.register(Box::new(m.phase.clone()))?;
-        registry.register(Box::new(m.upgrade_in_progress.clone()))?;
-        registry.register(Box::new(m.rollback_in_progress.clone()))?;
-        registry.register(Box::new(m.paused.clone()))?;
-        registry.register(Box::new(m.last_step.clone()))?;
-        registry.register(Box::new(m.until_next_step.clone()))?;
-        registry.register(Box::new(m.upgrades.clone()))?;
-        registry.register(Box::new(m.traffic_steps.clone()))?;
-        registry.register(Box::new(m.capacity_changes.clone()))?;
-        registry.register(Box::new(m.upgrade_duration.clone()))?;
-        registry.register(Box::new(m.step_wait.clone()))?;
-        registry.register(Box::new(m.reconcile_duration.clone()))?;
-        // Known label values start at zero, so dashboards and alerts see the series before the first error.
-        for reason in [
-            "conflict",
-            "kubernetes",
-            "dashboard",
-            "serve_config",
-            "invalid",
-            "metrics",
-            "not_leader",
-        ] {
-            m.reconcile_errors.with_label_values(&[reason]);
-        }
-        for op in ["get", "put"] {
-            m.dashboard_errors.with_label_values(&[op]);
-        }
-        registry.register(Box::new(m.reconcile_errors.clone()))?;
-        registry.register(Box::new(m.api_writes.clone()))?;
-        registry.register(Box::new(m.dashboard_latency.clone()))?;
-        registry.register(Box::new(m.dashboard_errors.clone()))?;
         Ok(m)
     }
 
     pub fn set_leader(&self, on: bool) {
-        self.leader.set(if on { 1.0 } else { 0.0 });
+        self.health.leader.set(if on { 1.0 } else { 0.0 });
     }
 
     pub fn reconcile_timer(&self) -> prometheus::HistogramTimer {
-        self.reconcile_duration.start_timer()
+        self.health.reconcile_duration.start_timer()
     }
 
     pub fn reconcile_error(&self, reason: &str) {
-        self.reconcile_errors.with_label_values(&[reason]).inc();
+        self.health.reconcile_errors.with_label_values(&[reason]).inc();
     }
 
     pub fn api_write(&self, kind: &str, verb: &str) {
-        self.api_writes.with_label_values(&[kind, verb]).inc();
+        self.health.api_writes.with_label_values(&[kind, verb]).inc();
     }
 
     pub fn dashboard_latency(&self, op: &str) -> prometheus::HistogramTimer {
-        self.dashboard_latency.with_label_values(&[op]).start_timer()
+        self.health
+            .dashboard_latency
+            .with_label_values(&[op])
+            .start_timer()
     }
 
     pub fn dashboard_error(&self, op: &str) {
-        self.dashboard_errors.with_label_values(&[op]).inc();
+        self.health.dashboard_errors.with_label_values(&[op]).inc();
     }
 
     /// Gauges of one RayService from its status after a pass.
@@ -367,4 +283,106 @@ impl Metrics {
 
 fn set(g: &GaugeVec, ns: &str, name: &str, on: bool) {
     g.with_label_values(&[ns, name]).set(if on { 1.0 } else { 0.0 });
+}
+
+/// The controller's own health: leadership, passes, API writes, dashboard requests.
+#[derive(Clone)]
+struct Health {
+    leader: prometheus::Gauge,
+    reconcile_duration: Histogram,
+    reconcile_errors: IntCounterVec,
+    api_writes: IntCounterVec,
+    dashboard_latency: HistogramVec,
+    dashboard_errors: IntCounterVec,
+}
+
+impl Health {
+    fn register(r: &Registrar<'_>) -> prometheus::Result<Self> {
+        let h = Self {
+            leader: r.add(prometheus::Gauge::new(
+                "rayshift_controller_leader",
+                "1 while this replica holds the leader Lease and reconciles.",
+            )?)?,
+            reconcile_duration: r.add(Histogram::with_opts(
+                HistogramOpts::new(
+                    "rayshift_reconcile_duration_seconds",
+                    "Time of one RayService reconcile pass.",
+                )
+                .buckets(RECONCILE_BUCKETS.to_vec()),
+            )?)?,
+            reconcile_errors: r.counters(
+                "rayshift_reconcile_errors_total",
+                "Reconcile passes that failed, by reason.",
+                &["reason"],
+            )?,
+            api_writes: r.counters(
+                "rayshift_kubernetes_writes_total",
+                "Writes the controller sent to the Kubernetes API, by kind and verb.",
+                &["kind", "verb"],
+            )?,
+            dashboard_latency: r.histograms(
+                "rayshift_ray_dashboard_request_duration_seconds",
+                "Latency of Ray dashboard requests.",
+                &["operation"],
+                DASHBOARD_BUCKETS,
+            )?,
+            dashboard_errors: r.counters(
+                "rayshift_ray_dashboard_errors_total",
+                "Failed Ray dashboard requests (each attempt).",
+                &["operation"],
+            )?,
+        };
+        h.start_known_series();
+        Ok(h)
+    }
+
+    /// Known label values start at zero, so dashboards and alerts see the series before the first error.
+    fn start_known_series(&self) {
+        let reasons = [
+            "conflict",
+            "kubernetes",
+            "dashboard",
+            "serve_config",
+            "invalid",
+            "metrics",
+            "not_leader",
+        ];
+        for reason in reasons {
+            self.reconcile_errors.with_label_values(&[reason]);
+        }
+        for op in ["get", "put"] {
+            self.dashboard_errors.with_label_values(&[op]);
+        }
+    }
+}
+
+/// Creates each metric family and registers it at once.
+struct Registrar<'a>(&'a Registry);
+
+impl Registrar<'_> {
+    fn add<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> prometheus::Result<C> {
+        self.0.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+
+    fn gauges(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
+        self.add(GaugeVec::new(Opts::new(name, help), labels)?)
+    }
+
+    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels)?)
+    }
+
+    fn histograms(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: &[f64],
+    ) -> prometheus::Result<HistogramVec> {
+        self.add(HistogramVec::new(
+            HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+            labels,
+        )?)
+    }
 }
