@@ -44,6 +44,10 @@ pub enum Error {
     Metrics(#[from] prometheus::Error),
     #[error("not the leader: this replica no longer holds the leader Lease, so it writes nothing")]
     NotLeader,
+    #[error("the {0} cache stopped: its watch is gone")]
+    CacheClosed(&'static str),
+    #[error("the RayCluster cache lags behind the apiserver: the pass is retried before anything is created")]
+    CacheBehind,
 }
 
 impl Error {
@@ -64,6 +68,7 @@ impl Error {
             Error::UnusableUpgradeOptions => "invalid",
             Error::Metrics(_) => "metrics",
             Error::NotLeader => "not_leader",
+            Error::CacheClosed(_) | Error::CacheBehind => "cache",
         }
     }
 }

@@ -178,13 +178,27 @@ async fn run_controller(
         client.clone(),
         metrics.clone(),
     )?;
+    let (clusters, cluster_writer) = reflector::store::<RayCluster>();
+    let (heads, head_writer) = reflector::store::<Pod>();
+    let caches = reconcile::Caches {
+        clusters: clusters.clone(),
+        heads,
+    };
     let ctx = Context::new(client.clone(), dashboard, config.options.clone(), metrics);
-    let ctx = Arc::new(ctx.with_leadership(leading));
+    let ctx = Arc::new(ctx.with_leadership(leading).with_caches(caches));
     let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
-    let (clusters, cache_task) = cluster_cache(&client, ns);
     let forget_task = forget_deleted(services.clone(), ctx.clone(), config.readiness.clone());
+    // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
+    let cluster_stream = watcher(api::<RayCluster>(&client, ns), owned())
+        .default_backoff()
+        .reflect(cluster_writer)
+        .touched_objects();
+    let head_stream = watcher(api::<Pod>(&client, ns), head_pods())
+        .default_backoff()
+        .reflect(head_writer)
+        .touched_objects();
     let mut controller = Controller::new(services, watcher::Config::default())
-        .owns(api::<RayCluster>(&client, ns), owned())
+        .owns_stream(cluster_stream)
         .owns(api::<Service>(&client, ns), owned());
     if gateway_api {
         let any = watcher::Config::default;
@@ -196,11 +210,7 @@ async fn run_controller(
         let _ = shutdown.wait_for(|s| *s).await;
     };
     controller
-        .watches(
-            api::<Pod>(&client, ns),
-            watcher::Config::default().labels("ray.io/node-type"),
-            move |pod| owner_of_pod(&clusters, &pod),
-        )
+        .watches_stream(head_stream, move |pod| owner_of_pod(&clusters, &pod))
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {
@@ -209,7 +219,6 @@ async fn run_controller(
             }
         })
         .await;
-    cache_task.abort();
     forget_task.abort();
     tracing::info!("controller stopped");
     Ok(())
@@ -231,20 +240,12 @@ async fn detect_gateway_api(client: &Client, ns: Option<&str>, ctx: &Context) ->
     found
 }
 
-/// Head Pods belong to RayClusters, not RayServices: they are mapped through a cache of clusters.
-fn cluster_cache(
-    client: &Client,
-    ns: Option<&str>,
-) -> (reflector::Store<RayCluster>, tokio::task::JoinHandle<()>) {
-    let (clusters, writer) = reflector::store::<RayCluster>();
-    let cache = reflector::reflector(writer, watcher(api::<RayCluster>(client, ns), owned()))
-        .default_backoff()
-        .touched_objects()
-        .for_each(|_| futures::future::ready(()));
-    (clusters, tokio::spawn(cache))
+/// Head Pods only (a pass reads nothing else of Pods; worker Pods can be thousands).
+fn head_pods() -> watcher::Config {
+    watcher::Config::default().labels("ray.io/node-type=head")
 }
 
-/// The RayService owning a head or worker Pod, through its cluster.
+/// The RayService owning a head Pod, through its cluster.
 fn owner_of_pod(clusters: &reflector::Store<RayCluster>, pod: &Pod) -> Option<ObjectRef<RayService>> {
     let ns = pod.namespace().unwrap_or_default();
     let cluster = pod.labels().get("ray.io/cluster")?;

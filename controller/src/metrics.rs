@@ -346,6 +346,7 @@ impl Health {
             "invalid",
             "metrics",
             "not_leader",
+            "cache",
         ];
         for reason in reasons {
             self.reconcile_errors.with_label_values(&[reason]);

@@ -16,7 +16,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
-    runtime::controller::Action,
+    runtime::{controller::Action, reflector},
 };
 use rayshift_api::{
     FeatureGates, RayCluster, RayService, UpgradeType,
@@ -118,6 +118,59 @@ pub struct Context {
     started: Timestamp,
     /// Whether this replica holds the leader Lease; `None` without leader election.
     leading: Option<Arc<crate::leader::Leadership>>,
+    /// Where a pass reads clusters and head Pods; `None`: straight from the apiserver.
+    caches: Option<Caches>,
+}
+
+/// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
+/// triggers a pass, so a pass never reads an object older than the change that woke it.
+#[derive(Clone)]
+pub struct Caches {
+    pub clusters: reflector::Store<RayCluster>,
+    pub heads: reflector::Store<Pod>,
+}
+
+impl Caches {
+    /// The RayService's clusters (by KubeRay's association labels).
+    async fn clusters_of(&self, ns: &str, rs: &str) -> Result<Vec<RayCluster>> {
+        let wanted = children::association_labels(rs);
+        cached(&self.clusters, "RayCluster", ns, &wanted).await
+    }
+
+    /// The head Pods of a cluster.
+    async fn heads_of(&self, ns: &str, cluster: &str) -> Result<Vec<Pod>> {
+        let wanted = BTreeMap::from([
+            (CLUSTER_LABEL.to_string(), cluster.to_string()),
+            (NODE_TYPE_LABEL.to_string(), "head".to_string()),
+        ]);
+        cached(&self.heads, "Pod", ns, &wanted).await
+    }
+}
+
+/// The objects of a store in `ns` that carry every label of `wanted`, once the store has its first list.
+async fn cached<K>(
+    store: &reflector::Store<K>,
+    kind: &'static str,
+    ns: &str,
+    wanted: &BTreeMap<String, String>,
+) -> Result<Vec<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::CacheClosed(kind))?;
+    let matches = |k: &K| {
+        k.meta().namespace.as_deref() == Some(ns)
+            && wanted.iter().all(|(key, v)| k.labels().get(key) == Some(v))
+    };
+    Ok(store
+        .state()
+        .iter()
+        .filter(|k| matches(k))
+        .map(|k| (**k).clone())
+        .collect())
 }
 
 impl Context {
@@ -134,7 +187,14 @@ impl Context {
             deleted: Mutex::new(HashMap::new()),
             started: Timestamp::now(),
             leading: None,
+            caches: None,
         }
+    }
+
+    /// Reads clusters and head Pods from these caches instead of the apiserver.
+    pub fn with_caches(mut self, caches: Caches) -> Self {
+        self.caches = Some(caches);
+        self
     }
 
     /// Writes only while `leading` says this replica holds the Lease.
@@ -302,6 +362,7 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
     let mut seen = observe(&rs, ctx, &previous).await?;
     adopt_kuberay_clusters(&rs, ctx, &seen.goal.clone(), &mut seen.clusters).await?;
     let decision = lifecycle::decide(&seen.facts(&rs, &previous, now));
+    confirm_clusters(&rs, ctx, &seen, &decision).await?;
     let applied = apply(&rs, ctx, &previous, &seen, &decision).await?;
     let settled = settle_status(&rs, ctx, &previous, &seen, &decision, now).await?;
     Ok(Action::requeue(next_wake(
@@ -409,11 +470,12 @@ async fn observe(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses) 
         side(&previous.active_service_status),
         side(&previous.pending_service_status),
     );
-    let listed = Api::<RayCluster>::namespaced(ctx.client.clone(), &ns)
-        .list(&ListParams::default().labels(&children::cluster_selector(&rs.name_any())))
-        .await?;
+    let listed = match &ctx.caches {
+        Some(caches) => caches.clusters_of(&ns, &rs.name_any()).await?,
+        None => list_clusters(ctx, &ns, &rs.name_any()).await?,
+    };
     let mut clusters = BTreeMap::new();
-    for cluster in listed.items {
+    for cluster in listed {
         let name = cluster.name_any();
         let watched = Some(&name) == active.as_ref() || Some(&name) == pending.as_ref();
         clusters.insert(name, observe_cluster(ctx, &ns, cluster, watched).await?);
@@ -427,9 +489,38 @@ async fn observe(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses) 
     })
 }
 
+async fn list_clusters(ctx: &Context, ns: &str, rs: &str) -> Result<Vec<RayCluster>> {
+    let params = ListParams::default().labels(&children::cluster_selector(rs));
+    Ok(Api::<RayCluster>::namespaced(ctx.client.clone(), ns)
+        .list(&params)
+        .await?
+        .items)
+}
+
+/// Before anything is created from cached reads: the apiserver must list the same clusters, or a cache that
+/// has not yet seen a cluster this controller just created could make it create a second one.
+async fn confirm_clusters(
+    rs: &RayService,
+    ctx: &Context,
+    seen: &Observation,
+    decision: &Decision,
+) -> Result<()> {
+    let creates = decision
+        .actions
+        .iter()
+        .any(|a| matches!(a, ClusterAction::Create { .. }));
+    if ctx.caches.is_none() || !creates {
+        return Ok(());
+    }
+    let live = list_clusters(ctx, &rs.namespace().unwrap_or_default(), &rs.name_any()).await?;
+    let same =
+        live.len() == seen.clusters.len() && live.iter().all(|c| seen.clusters.contains_key(&c.name_any()));
+    if same { Ok(()) } else { Err(Error::CacheBehind) }
+}
+
 /// One cluster's head and, when it is active or pending and its head is ready, its Serve status.
 async fn observe_cluster(ctx: &Context, ns: &str, cluster: RayCluster, watched: bool) -> Result<Seen> {
-    let (head_ready, head_message, head_pod) = head_health(&ctx.client, ns, &cluster).await?;
+    let (head_ready, head_message, head_pod) = head_health(ctx, ns, &cluster).await?;
     let (serve, dashboard_error) = if watched && head_ready {
         match ctx.dashboard.status(ns, &cluster.name_any()).await {
             Ok(s) => (Some(s), None),
@@ -746,7 +837,7 @@ fn cluster_facts(s: &Seen) -> ClusterFacts {
 
 /// Head health from the RayCluster status and the head Pod's Ray container, found by name (a Pod stays
 /// Running while a sidecar lives, so the Pod phase says nothing about Ray).
-async fn head_health(client: &Client, ns: &str, cluster: &RayCluster) -> Result<(bool, String, Option<Pod>)> {
+async fn head_health(ctx: &Context, ns: &str, cluster: &RayCluster) -> Result<(bool, String, Option<Pod>)> {
     let name = cluster.name_any();
     let conditions = cluster.status.as_ref().and_then(|s| s.conditions.as_ref());
     if let Some(c) = conditions.and_then(|cs| cs.iter().find(|c| c.type_ == "HeadPodReady"))
@@ -758,14 +849,18 @@ async fn head_health(client: &Client, ns: &str, cluster: &RayCluster) -> Result<
             None,
         ));
     }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let heads = pods
-        .list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={name},{NODE_TYPE_LABEL}=head")))
-        .await?;
-    let [pod] = heads.items.as_slice() else {
+    let heads = match &ctx.caches {
+        Some(caches) => caches.heads_of(ns, &name).await?,
+        None => {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+            let selector = format!("{CLUSTER_LABEL}={name},{NODE_TYPE_LABEL}=head");
+            pods.list(&ListParams::default().labels(&selector)).await?.items
+        }
+    };
+    let [pod] = heads.as_slice() else {
         return Ok((
             false,
-            format!("RayCluster {name}: {} head Pods", heads.items.len()),
+            format!("RayCluster {name}: {} head Pods", heads.len()),
             None,
         ));
     };
@@ -1489,8 +1584,8 @@ fn service_view(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) ->
 /// Requeue with backoff after an error; the error is logged and counted, never fatal.
 pub fn error_policy(rs: Arc<RayService>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_error(error.category());
-    if error.is_conflict() {
-        // Someone wrote in between: read again soon rather than back off.
+    if error.is_conflict() || matches!(error, Error::CacheBehind) {
+        // Someone wrote in between, or the cache has not seen it yet: read again soon rather than back off.
         tracing::info!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, "write conflict: re-reading");
         return Action::requeue(Duration::from_millis(200));
     }
