@@ -14,6 +14,7 @@ use std::{sync::Arc, time::Duration};
 
 pub use error::{Error, Result};
 use futures::StreamExt;
+use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
     Api, Client, ResourceExt,
@@ -180,31 +181,31 @@ async fn run_controller(
     )?;
     let (clusters, cluster_writer) = reflector::store::<RayCluster>();
     let (heads, head_writer) = reflector::store::<Pod>();
+    let (services_cache, service_writer) = reflector::store::<Service>();
+    let (gateways, gateway_writer) = reflector::store::<Gateway>();
+    let (routes, route_writer) = reflector::store::<HttpRoute>();
     let caches = reconcile::Caches {
         clusters: clusters.clone(),
         heads,
+        services: services_cache,
+        gateways,
+        routes,
     };
     let ctx = Context::new(client.clone(), dashboard, config.options.clone(), metrics);
     let ctx = Arc::new(ctx.with_leadership(leading).with_caches(caches));
     let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
     let forget_task = forget_deleted(services.clone(), ctx.clone(), config.readiness.clone());
     // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
-    let cluster_stream = watcher(api::<RayCluster>(&client, ns), owned())
-        .default_backoff()
-        .reflect(cluster_writer)
-        .touched_objects();
-    let head_stream = watcher(api::<Pod>(&client, ns), head_pods())
-        .default_backoff()
-        .reflect(head_writer)
-        .touched_objects();
+    let cluster_stream = cached(&client, ns, owned(), cluster_writer);
+    let head_stream = cached(&client, ns, head_pods(), head_writer);
     let mut controller = Controller::new(services, watcher::Config::default())
         .owns_stream(cluster_stream)
-        .owns(api::<Service>(&client, ns), owned());
+        .owns_stream(cached(&client, ns, owned(), service_writer));
     if gateway_api {
         let any = watcher::Config::default;
         controller = controller
-            .owns(api::<gateway_api::httproutes::HttpRoute>(&client, ns), any())
-            .owns(api::<gateway_api::gateways::Gateway>(&client, ns), any());
+            .owns_stream(cached(&client, ns, any(), route_writer))
+            .owns_stream(cached(&client, ns, any(), gateway_writer));
     }
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
@@ -238,6 +239,28 @@ async fn detect_gateway_api(client: &Client, ns: Option<&str>, ctx: &Context) ->
         );
     }
     found
+}
+
+/// A watch that fills a read cache, then triggers the controller.
+fn cached<K>(
+    client: &Client,
+    ns: Option<&str>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(api::<K>(client, ns), config)
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects()
 }
 
 /// Head Pods only (a pass reads nothing else of Pods; worker Pods can be thousands).

@@ -118,8 +118,8 @@ pub struct Context {
     started: Timestamp,
     /// Whether this replica holds the leader Lease; `None` without leader election.
     leading: Option<Arc<crate::leader::Leadership>>,
-    /// Where a pass reads clusters and head Pods; `None`: straight from the apiserver.
-    caches: Option<Caches>,
+    /// Where a pass reads clusters, head Pods and the objects it applies; `None`: the apiserver.
+    pub(crate) caches: Option<Caches>,
 }
 
 /// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
@@ -128,9 +128,28 @@ pub struct Context {
 pub struct Caches {
     pub clusters: reflector::Store<RayCluster>,
     pub heads: reflector::Store<Pod>,
+    /// The Services rayshift creates (KubeRay's association labels).
+    pub services: reflector::Store<Service>,
+    /// Filled only where the Gateway API is served.
+    pub gateways: reflector::Store<gateway_api::gateways::Gateway>,
+    pub routes: reflector::Store<gateway_api::httproutes::HttpRoute>,
 }
 
 impl Caches {
+    /// A child object as its cache holds it: `None` when no cache holds that kind or it has not listed
+    /// yet (then the caller asks the apiserver), `Some(None)` when it does not exist.
+    pub(crate) fn child<K>(&self, ns: &str, name: &str) -> Option<Option<Arc<K>>>
+    where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
+        let stores: [&dyn std::any::Any; 3] = [&self.services, &self.gateways, &self.routes];
+        let store = stores
+            .into_iter()
+            .find_map(|s| s.downcast_ref::<reflector::Store<K>>())?;
+        futures::FutureExt::now_or_never(store.wait_until_ready())?.ok()?;
+        Some(store.get(&reflector::ObjectRef::new(name).within(ns)))
+    }
+
     /// The RayService's clusters (by KubeRay's association labels).
     async fn clusters_of(&self, ns: &str, rs: &str) -> Result<Vec<RayCluster>> {
         let wanted = children::association_labels(rs);
@@ -1234,15 +1253,16 @@ pub(crate) async fn apply_child<K>(ctx: &Context, ns: &str, body: Value) -> Resu
 where
     K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone
+        + 'static
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
     let (body, digest) = children::stamp(body);
     let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    if let Some(existing) = api.get_opt(&name).await?
-        && existing.annotations().get(APPLIED_ANNOTATION) == Some(&digest)
-    {
+    // A cache that has not yet seen this controller's last apply only costs one idempotent apply more.
+    let existing = read_child::<K>(ctx, ns, &name).await?;
+    if existing.is_some_and(|k| k.annotations().get(APPLIED_ANNOTATION) == Some(&digest)) {
         return Ok(());
     }
     ctx.before_write(&K::kind(&()), "apply")?;
@@ -1253,6 +1273,21 @@ where
     )
     .await?;
     Ok(())
+}
+
+/// A child object from its cache, or from the apiserver where no cache holds it.
+pub(crate) async fn read_child<K>(ctx: &Context, ns: &str, name: &str) -> Result<Option<K>>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + 'static,
+{
+    match ctx.caches.as_ref().and_then(|c| c.child::<K>(ns, name)) {
+        Some(cached) => Ok(cached.map(|k| (*k).clone())),
+        None => Ok(Api::<K>::namespaced(ctx.client.clone(), ns).get_opt(name).await?),
+    }
 }
 
 /// PUTs the spec's Serve config when it differs from what this cluster last received (or it lost its
