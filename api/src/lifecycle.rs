@@ -217,5 +217,7 @@ fn earliest(a: Option<Timestamp>, b: Timestamp) -> Option<Timestamp> {
     Some(a.map_or(b, |a| a.min(b)))
 }
 
+pub mod status;
+
 #[cfg(test)]
 mod tests;

@@ -82,6 +82,20 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Op
     Ok(wake.map(|w| Duration::from_secs_f64(until(w))))
 }
 
+/// What a decision counts, into the metrics.
+pub fn count(ctx: &Context, rs: &RayService, tallies: &[Tally]) {
+    let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
+    let metrics = &ctx.metrics;
+    for tally in tallies {
+        match *tally {
+            Tally::Started => metrics.upgrade(&ns, &name, "started", None),
+            Tally::CapacityChange(role) => metrics.capacity_change(&ns, &name, role.as_str()),
+            Tally::TrafficStep { waited_seconds } => metrics.traffic_step(&ns, &name, waited_seconds),
+            Tally::Finished { result, seconds } => metrics.upgrade(&ns, &name, result.as_str(), seconds),
+        }
+    }
+}
+
 /// The spec's pacing and control, and the operator's settings.
 fn settings(p: &Pass<'_>) -> Result<Settings> {
     let options =
@@ -142,16 +156,7 @@ async fn apply(p: &Pass<'_>, decision: &StepDecision) -> Result<()> {
     if p.active.is_some() {
         apply_route(p, &decision.status).await?;
     }
-    let name = p.rs.name_any();
-    for tally in &decision.tallies {
-        match *tally {
-            Tally::CapacityChange(role) => p.ctx.metrics.capacity_change(p.ns, &name, role.as_str()),
-            Tally::TrafficStep { waited_seconds } => p.ctx.metrics.traffic_step(p.ns, &name, waited_seconds),
-            Tally::Finished { result, seconds } => {
-                p.ctx.metrics.upgrade(p.ns, &name, result.as_str(), seconds)
-            }
-        }
-    }
+    count(p.ctx, p.rs, &decision.tallies);
     for notice in &decision.notices {
         let type_ = if notice.warning {
             EventType::Warning

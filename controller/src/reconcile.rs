@@ -24,13 +24,15 @@ use rayshift_api::{
         Adoption, NUM_WORKER_GROUPS_ANNOTATION, SCALE_HASH_ANNOTATION, SPEC_HASH_ANNOTATION, SpecDigests,
     },
     conditions::{self, Wanted, reason},
-    lifecycle::{self, ClusterAction, ClusterFacts, DELETE_AFTER_ANNOTATION, Decision, Facts},
+    lifecycle::{
+        self, ClusterAction, ClusterFacts, DELETE_AFTER_ANNOTATION, Decision, Facts,
+        status::{ClusterView, StatusInputs},
+    },
     rayservice::{AppStatus, ClusterServiceStatus, RayServiceStatuses, ServeDeploymentStatus},
     validation::{self, ValidationConfig},
 };
 use rayshift_api::{
     observed::{self, Levels},
-    progress::UpgradeProgress,
     rayservice::KUBERAY_FINALIZER,
 };
 use serde_json::{Value, json};
@@ -665,15 +667,30 @@ async fn settle_status(
         None => 0,
     };
     let dashboard_problem = seen.dashboard_problem();
-    let mut status = build_status(
-        rs,
+    let views = seen
+        .clusters
+        .iter()
+        .map(|(name, s)| (name.clone(), cluster_view(s)))
+        .collect();
+    let (mut status, tallies) = lifecycle::status::settle(&StatusInputs {
+        generation: rs.metadata.generation.unwrap_or_default(),
         previous,
         decision,
-        &seen.clusters,
+        clusters: &views,
         endpoints,
-        dashboard_problem.as_deref(),
+        dashboard_problem: dashboard_problem.as_deref(),
+        had_active: seen.active.is_some(),
+        incremental: seen.incremental,
         now,
-    );
+    });
+    crate::incremental::count(ctx, rs, &tallies);
+    let newest = decision.pending.as_ref().or(decision.active.as_ref());
+    if let Some(s) = newest
+        .and_then(|c| seen.clusters.get(c))
+        .filter(|s| !s.head_ready)
+    {
+        tracing::debug!(note = %s.head_message, "head not ready");
+    }
     let mut incremental_wake = None;
     if seen.incremental {
         let (a, p) = (seen.cluster(&decision.active), seen.cluster(&decision.pending));
@@ -690,15 +707,6 @@ async fn settle_status(
         };
         incremental_wake = crate::incremental::advance(&pass, &mut status).await?;
     }
-    record_upgrade_outcomes(
-        rs,
-        ctx,
-        decision,
-        seen.active.is_some(),
-        seen.incremental,
-        &mut status,
-        now,
-    );
     ctx.metrics
         .observe_service(&ns, &rs.name_any(), &status, &service_view(rs, &status, now));
     if conditions::status_changed(Some(previous), &status) {
@@ -1382,6 +1390,19 @@ async fn gateway_api_missing(
     Ok(Action::requeue(Duration::from_secs(60)))
 }
 
+/// A cluster as the status shows it: its head, its Serve apps (when the dashboard answered), its status.
+fn cluster_view(s: &Seen) -> ClusterView {
+    ClusterView {
+        head_ready: s.head_ready,
+        apps: s.serve.as_ref().map(app_statuses),
+        cluster_status: s
+            .cluster
+            .status
+            .as_ref()
+            .and_then(|st| serde_json::to_value(st).ok()),
+    }
+}
+
 fn app_statuses(serve: &ServeStatus) -> BTreeMap<String, AppStatus> {
     serve
         .applications
@@ -1417,87 +1438,6 @@ fn app_statuses(serve: &ServeStatus) -> BTreeMap<String, AppStatus> {
             )
         })
         .collect()
-}
-
-fn side(
-    name: &Option<String>,
-    seen: &BTreeMap<String, Seen>,
-    previous: Option<&ClusterServiceStatus>,
-) -> Option<ClusterServiceStatus> {
-    let name = name.as_ref()?;
-    let s = seen.get(name);
-    // Keep what rayshift does not compute here (capacity, traffic: incremental mode) if it is the same cluster.
-    let mut out = previous
-        .filter(|p| p.ray_cluster_name.as_ref() == Some(name))
-        .cloned()
-        .unwrap_or_default();
-    out.ray_cluster_name = Some(name.clone());
-    out.application_statuses = s
-        .and_then(|s| s.serve.as_ref())
-        .map(app_statuses)
-        .or(out.application_statuses)
-        .filter(|_| s.is_some_and(|s| s.head_ready));
-    out.ray_cluster_status = s
-        .and_then(|s| s.cluster.status.as_ref())
-        .and_then(|st| serde_json::to_value(st).ok());
-    Some(out)
-}
-
-fn build_status(
-    rs: &RayService,
-    previous: &RayServiceStatuses,
-    d: &Decision,
-    seen: &BTreeMap<String, Seen>,
-    endpoints: i32,
-    dashboard_problem: Option<&str>,
-    now: Timestamp,
-) -> RayServiceStatuses {
-    let generation = rs.metadata.generation.unwrap_or_default();
-    let prev_conditions = previous.conditions.as_deref().unwrap_or_default();
-    let mut ready = conditions::ready(endpoints, prev_conditions);
-    if let (Some(problem), false) = (dashboard_problem, endpoints > 0) {
-        ready = Wanted::new(conditions::READY, false, reason::DASHBOARD_UNREACHABLE, problem);
-    }
-    let wanted = [
-        ready,
-        conditions::upgrade_in_progress(d.active.is_some(), d.pending.is_some()),
-    ];
-    let mut status = previous.clone();
-    status.conditions = Some(conditions::merge(
-        prev_conditions,
-        &wanted,
-        &[],
-        generation,
-        &Time(now),
-    ));
-    status.observed_generation = Some(generation);
-    status.num_serve_endpoints = Some(endpoints);
-    status.service_status = Some(if endpoints > 0 {
-        "Running".into()
-    } else {
-        String::new()
-    });
-    let prev_active = previous.active_service_status.as_ref();
-    let prev_pending = previous.pending_service_status.as_ref();
-    // A promoted cluster carries its pending-side fields over to the active side.
-    let active_prev = if d.promoted.is_some() {
-        prev_pending
-    } else {
-        prev_active
-    };
-    status.active_service_status = side(&d.active, seen, active_prev);
-    status.pending_service_status = side(&d.pending, seen, prev_pending);
-    let head_note = d
-        .pending
-        .as_ref()
-        .or(d.active.as_ref())
-        .and_then(|c| seen.get(c))
-        .filter(|s| !s.head_ready)
-        .map(|s| s.head_message.clone());
-    if let Some(note) = head_note.filter(|n| !n.is_empty()) {
-        tracing::debug!(rayservice = %rs.name_any(), %note, "head not ready");
-    }
-    status
 }
 
 /// Writes the status with a merge patch; sides that are gone are removed explicitly.
@@ -1547,33 +1487,6 @@ pub(crate) fn merge_patch(old: &Value, new: &Value) -> Value {
             Value::Object(patch)
         }
         _ => new.clone(),
-    }
-}
-
-/// Counts upgrades started (a new pending cluster beside an active one) and, for blue/green, completed.
-fn record_upgrade_outcomes(
-    rs: &RayService,
-    ctx: &Context,
-    decision: &Decision,
-    had_active: bool,
-    incremental: bool,
-    status: &mut RayServiceStatuses,
-    now: Timestamp,
-) {
-    let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
-    let started = decision.active.is_some()
-        && decision
-            .actions
-            .iter()
-            .any(|a| matches!(a, ClusterAction::Create { .. }));
-    if started {
-        ctx.metrics.upgrade(&ns, &name, "started", None);
-        status.progress.upgrade_start_time = Some(now);
-    }
-    if !incremental && decision.promoted.is_some() && had_active {
-        let took = status.progress.duration(now);
-        ctx.metrics.upgrade(&ns, &name, "completed", took);
-        status.progress = UpgradeProgress::default();
     }
 }
 

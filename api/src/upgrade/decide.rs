@@ -98,6 +98,8 @@ impl UpgradeResult {
 /// What the metrics count of the pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Tally {
+    /// A new cluster beside the active one: an upgrade began.
+    Started,
     CapacityChange(Role),
     /// Traffic moved, this long after the step before it.
     TrafficStep {
