@@ -24,10 +24,10 @@ use rayshift_api::{
 
 use crate::{
     children,
+    context::{self, Context, SERVE_CONFIG_ANNOTATION},
     dashboard::{self, ServeStatus},
     error::{Error, Result},
     events::EventType,
-    reconcile::{Context, SERVE_CONFIG_ANNOTATION},
 };
 
 /// How long before a traffic step is due the pass that makes it starts. Without it a step lands when a pass
@@ -198,18 +198,18 @@ async fn set_capacity(p: &Pass<'_>, cluster: &RayCluster, percent: i32) -> Resul
 
 async fn apply_cluster_serve_service(p: &Pass<'_>, cluster: &RayCluster) -> Result<()> {
     let body = children::cluster_serve_service(p.rs, cluster);
-    crate::reconcile::apply_child::<k8s_openapi::api::core::v1::Service>(p.ctx, p.ns, body).await
+    context::apply_child::<k8s_openapi::api::core::v1::Service>(p.ctx, p.ns, body).await
 }
 
 async fn apply_gateway(p: &Pass<'_>) -> Result<()> {
     let gateway = children::gateway(p.rs, p.ns);
     let body = serde_json::to_value(&gateway).expect("Gateways serialize");
-    crate::reconcile::apply_child::<Gateway>(p.ctx, p.ns, body).await
+    context::apply_child::<Gateway>(p.ctx, p.ns, body).await
 }
 
 /// The route from the status' weights: the active cluster, and the pending one while it exists.
 async fn apply_route(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<()> {
-    crate::reconcile::apply_child::<HttpRoute>(p.ctx, p.ns, route_body(p, status)).await
+    context::apply_child::<HttpRoute>(p.ctx, p.ns, route_body(p, status)).await
 }
 
 fn route_body(p: &Pass<'_>, status: &RayServiceStatuses) -> serde_json::Value {
@@ -239,10 +239,10 @@ fn route_body(p: &Pass<'_>, status: &RayServiceStatuses) -> serde_json::Value {
 async fn route_ready(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<bool> {
     let rs_name = p.rs.name_any();
     let (gateway_name, route_name) = (children::gateway_name(&rs_name), children::route_name(&rs_name));
-    let Some(gw) = crate::reconcile::read_child::<Gateway>(p.ctx, p.ns, &gateway_name).await? else {
+    let Some(gw) = context::read_child::<Gateway>(p.ctx, p.ns, &gateway_name).await? else {
         return Ok(false);
     };
-    let Some(route) = crate::reconcile::read_child::<HttpRoute>(p.ctx, p.ns, &route_name).await? else {
+    let Some(route) = context::read_child::<HttpRoute>(p.ctx, p.ns, &route_name).await? else {
         return Ok(false);
     };
     let (_, digest) = children::stamp(route_body(p, status));

@@ -2,6 +2,7 @@
 
 pub mod children;
 pub mod cluster_records;
+pub mod context;
 pub mod dashboard;
 pub mod error;
 pub mod events;
@@ -27,7 +28,7 @@ use kube::{
 use rayshift_api::{RayCluster, RayService};
 use tokio::sync::watch as signal;
 
-pub use crate::reconcile::{Context, ControllerOptions, Mode};
+pub use crate::context::{Context, ControllerOptions, Mode};
 
 /// `/readyz` of the controller: ready once it knows whether it leads and, while it leads (or without leader
 /// election), once its RayService cache has synced.
@@ -184,7 +185,7 @@ async fn run_controller(
     let (services_cache, service_writer) = reflector::store::<Service>();
     let (gateways, gateway_writer) = reflector::store::<Gateway>();
     let (routes, route_writer) = reflector::store::<HttpRoute>();
-    let caches = reconcile::Caches {
+    let caches = context::Caches {
         clusters: clusters.clone(),
         heads,
         services: services_cache,

@@ -1,7 +1,11 @@
 //! The controller's Prometheus metrics, registered on a registry passed in.
 
+use jiff::Timestamp;
 use prometheus::{GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
-use rayshift_api::rayservice::RayServiceStatuses;
+use rayshift_api::{
+    RayService,
+    rayservice::{ClusterServiceStatus, RayServiceStatuses},
+};
 
 const RECONCILE_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -34,6 +38,49 @@ pub struct ServiceView {
     pub rollback: bool,
     pub seconds_until_next_step: Option<f64>,
     pub last_step_unix: Option<f64>,
+}
+
+impl ServiceView {
+    /// The metrics' view of a RayService from its status.
+    pub fn of(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) -> Self {
+        let named =
+            |s: &Option<ClusterServiceStatus>| s.as_ref().and_then(|s| s.ray_cluster_name.as_ref()).is_some();
+        let cond = |t: &str| status.conditions.iter().flatten().find(|c| c.type_ == t).cloned();
+        let rollback =
+            cond(rayshift_api::conditions::ROLLBACK_IN_PROGRESS).is_some_and(|c| c.status == "True");
+        let progressing = cond(rayshift_api::upgrade::decide::PROGRESSING);
+        let paused = progressing.as_ref().is_some_and(|c| c.reason == "Paused");
+        let phase = match (
+            named(&status.active_service_status),
+            named(&status.pending_service_status),
+        ) {
+            (false, _) => "Initializing",
+            (true, false) => "Idle",
+            (true, true) if rollback => "RollingBack",
+            (true, true) if paused => "Paused",
+            (true, true) if progressing.as_ref().is_some_and(|c| c.status == "False") => "Waiting",
+            (true, true) => "Upgrading",
+        };
+        let last_step = rayshift_api::upgrade::decide::last_step_time(status);
+        let interval = rs
+            .spec
+            .cluster_upgrade_options()
+            .and_then(|o| o.interval_seconds)
+            .map(f64::from);
+        let until = match (phase, last_step, interval) {
+            ("Upgrading" | "RollingBack", Some(t), Some(i)) => {
+                Some((i - now.duration_since(t).as_secs_f64()).max(0.0))
+            }
+            _ => None,
+        };
+        ServiceView {
+            phase,
+            paused,
+            rollback,
+            seconds_until_next_step: until,
+            last_step_unix: last_step.map(|t| t.as_millisecond() as f64 / 1000.0),
+        }
+    }
 }
 
 #[derive(Clone)]

@@ -1,11 +1,7 @@
 //! One reconcile pass: observe (Kubernetes objects, Ray dashboards) → decide (pure, `rayshift-api`) →
 //! apply (server-side apply, status subresource, events).
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use jiff::{SignedDuration, Timestamp};
 use json_patch::{PatchOperation, ReplaceOperation, TestOperation};
@@ -16,10 +12,11 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
-    runtime::{controller::Action, reflector},
+    runtime::controller::Action,
 };
+use rayshift_api::rayservice::KUBERAY_FINALIZER;
 use rayshift_api::{
-    FeatureGates, RayCluster, RayService, UpgradeType,
+    RayCluster, RayService, UpgradeType,
     cluster_spec::{
         Adoption, NUM_WORKER_GROUPS_ANNOTATION, SCALE_HASH_ANNOTATION, SPEC_HASH_ANNOTATION, SpecDigests,
     },
@@ -31,317 +28,16 @@ use rayshift_api::{
     rayservice::{AppStatus, ClusterServiceStatus, RayServiceStatuses, ServeDeploymentStatus},
     validation::{self, ValidationConfig},
 };
-use rayshift_api::{
-    observed::{self, Levels},
-    rayservice::KUBERAY_FINALIZER,
-};
 use serde_json::{Value, json};
 
 use crate::{
-    children::{self, APPLIED_ANNOTATION, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_LABEL},
-    cluster_records::ClusterRecords,
-    dashboard::{self, Dashboard, ServeStatus},
+    children::{self, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_LABEL},
+    context::{Context, ControllerOptions, SERVE_CONFIG_ANNOTATION, apply_child},
+    dashboard::{self, ServeStatus},
     error::{Error, Result},
-    events::{EventLog, EventType, Occurrence},
-    metrics::Metrics,
+    events::EventType,
+    metrics::ServiceView,
 };
-
-/// What the controller does with the RayServices it sees.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Reconcile nothing, write nothing: export the capacity and traffic metrics of every RayService, read from
-    /// the status KubeRay writes (the mode for an unmodified KubeRay).
-    Observe,
-    /// Run the RayServices whose `managedBy` is rayshift's, and observe the others as in `Observe`.
-    Reconcile,
-}
-
-/// How the controller behaves.
-#[derive(Clone, Debug)]
-pub struct ControllerOptions {
-    /// `spec.managedBy` value of the RayServices this controller owns.
-    pub managed_by: String,
-    /// Whether this controller runs the RayServices it owns, or only watches them all.
-    pub mode: Mode,
-    pub feature_gates: FeatureGates,
-    /// Re-read dashboards this often while waiting for Serve apps (nothing to watch there).
-    pub serve_poll_interval: Duration,
-    /// Re-read Serve this often while a traffic step is due and waits only for its capacity to be verified
-    /// (the step then lands this late at most, plus one pass).
-    pub capacity_poll_interval: Duration,
-    /// Re-read dashboards this often when settled; writes only if something changed.
-    pub resync_interval: Duration,
-    pub field_manager: String,
-    /// Do not wait for Gateway/HTTPRoute status (for Gateway controllers that publish none).
-    pub skip_gateway_status_check: bool,
-    /// Operator default of the progress deadline (the annotation overrides it).
-    pub progress_deadline_seconds: i64,
-    /// How often a serving head's Serve proxy is checked when nothing else is due.
-    pub serve_health_interval: Duration,
-    /// Where a head Pod's Serve proxy health check is (template route): `{podIP}`, `{port}`, `{pod}`,
-    /// `{cluster}` and `{namespace}` are filled in.
-    pub serve_health_url_template: String,
-}
-
-impl Default for ControllerOptions {
-    fn default() -> Self {
-        Self {
-            managed_by: rayshift_api::rayservice::RAYSHIFT_MANAGER.to_string(),
-            mode: Mode::Reconcile,
-            feature_gates: FeatureGates::default(),
-            serve_poll_interval: Duration::from_secs(2),
-            capacity_poll_interval: Duration::from_millis(50),
-            resync_interval: Duration::from_secs(60),
-            field_manager: "rayshift".to_string(),
-            skip_gateway_status_check: false,
-            progress_deadline_seconds: rayshift_api::upgrade_control::DEFAULT_PROGRESS_DEADLINE_SECONDS,
-            serve_health_interval: Duration::from_secs(10),
-            serve_health_url_template: dashboard::DEFAULT_HEALTH_URL_TEMPLATE.to_string(),
-        }
-    }
-}
-
-/// Shared by every reconcile.
-pub struct Context {
-    pub client: Client,
-    pub events: EventLog,
-    pub dashboard: Dashboard,
-    pub options: ControllerOptions,
-    pub metrics: Metrics,
-    /// Serve config last pushed and proxy health, per cluster, grouped by owner uid.
-    records: Mutex<ClusterRecords>,
-    /// Whether the Gateway API (HTTPRoute) is served by this cluster.
-    pub gateway_api: std::sync::atomic::AtomicBool,
-    /// Last levels seen of each RayService someone else runs (by uid), to tell what changed.
-    observed: Mutex<HashMap<String, Levels>>,
-    /// RayServices deleted lately (uid → when): a pass that began before the delete must not publish
-    /// their series again after they were dropped.
-    deleted: Mutex<HashMap<String, Timestamp>>,
-    started: Timestamp,
-    /// Whether this replica holds the leader Lease; `None` without leader election.
-    leading: Option<Arc<crate::leader::Leadership>>,
-    /// Where a pass reads clusters, head Pods and the objects it applies; `None`: the apiserver.
-    pub(crate) caches: Option<Caches>,
-}
-
-/// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
-/// triggers a pass, so a pass never reads an object older than the change that woke it.
-#[derive(Clone)]
-pub struct Caches {
-    pub clusters: reflector::Store<RayCluster>,
-    pub heads: reflector::Store<Pod>,
-    /// The Services rayshift creates (KubeRay's association labels).
-    pub services: reflector::Store<Service>,
-    /// Filled only where the Gateway API is served.
-    pub gateways: reflector::Store<gateway_api::gateways::Gateway>,
-    pub routes: reflector::Store<gateway_api::httproutes::HttpRoute>,
-}
-
-impl Caches {
-    /// A child object as its cache holds it: `None` when no cache holds that kind or it has not listed
-    /// yet (then the caller asks the apiserver), `Some(None)` when it does not exist.
-    pub(crate) fn child<K>(&self, ns: &str, name: &str) -> Option<Option<Arc<K>>>
-    where
-        K: Resource<DynamicType = ()> + Clone + 'static,
-    {
-        let stores: [&dyn std::any::Any; 3] = [&self.services, &self.gateways, &self.routes];
-        let store = stores
-            .into_iter()
-            .find_map(|s| s.downcast_ref::<reflector::Store<K>>())?;
-        futures::FutureExt::now_or_never(store.wait_until_ready())?.ok()?;
-        Some(store.get(&reflector::ObjectRef::new(name).within(ns)))
-    }
-
-    /// The RayService's clusters (by KubeRay's association labels).
-    async fn clusters_of(&self, ns: &str, rs: &str) -> Result<Vec<RayCluster>> {
-        let wanted = children::association_labels(rs);
-        cached(&self.clusters, "RayCluster", ns, &wanted).await
-    }
-
-    /// The head Pods of a cluster.
-    async fn heads_of(&self, ns: &str, cluster: &str) -> Result<Vec<Pod>> {
-        let wanted = BTreeMap::from([
-            (CLUSTER_LABEL.to_string(), cluster.to_string()),
-            (NODE_TYPE_LABEL.to_string(), "head".to_string()),
-        ]);
-        cached(&self.heads, "Pod", ns, &wanted).await
-    }
-}
-
-/// The objects of a store in `ns` that carry every label of `wanted`, once the store has its first list.
-async fn cached<K>(
-    store: &reflector::Store<K>,
-    kind: &'static str,
-    ns: &str,
-    wanted: &BTreeMap<String, String>,
-) -> Result<Vec<K>>
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    store
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::CacheClosed(kind))?;
-    let matches = |k: &K| {
-        k.meta().namespace.as_deref() == Some(ns)
-            && wanted.iter().all(|(key, v)| k.labels().get(key) == Some(v))
-    };
-    Ok(store
-        .state()
-        .iter()
-        .filter(|k| matches(k))
-        .map(|k| (**k).clone())
-        .collect())
-}
-
-impl Context {
-    pub fn new(client: Client, dashboard: Dashboard, options: ControllerOptions, metrics: Metrics) -> Self {
-        Self {
-            events: EventLog::new(client.clone(), "rayshift", std::env::var("POD_NAME").ok()),
-            client,
-            dashboard,
-            options,
-            metrics,
-            records: Mutex::new(ClusterRecords::default()),
-            gateway_api: std::sync::atomic::AtomicBool::new(false),
-            observed: Mutex::new(HashMap::new()),
-            deleted: Mutex::new(HashMap::new()),
-            started: Timestamp::now(),
-            leading: None,
-            caches: None,
-        }
-    }
-
-    /// Reads clusters and head Pods from these caches instead of the apiserver.
-    pub fn with_caches(mut self, caches: Caches) -> Self {
-        self.caches = Some(caches);
-        self
-    }
-
-    /// Writes only while `leading` says this replica holds the Lease.
-    pub fn with_leadership(mut self, leading: Option<Arc<crate::leader::Leadership>>) -> Self {
-        self.leading = leading;
-        self
-    }
-
-    fn owns(&self, rs: &RayService) -> bool {
-        self.options.mode == Mode::Reconcile
-            && rs.spec.managed_by.as_deref() == Some(&self.options.managed_by)
-    }
-
-    /// Metrics and events of a RayService someone else runs, from the status it writes.
-    async fn observe(&self, rs: &RayService) {
-        let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
-        let uid = rs.uid().unwrap_or_default();
-        if rs.meta().deletion_timestamp.is_some() {
-            self.metrics.forget_service(&ns, &name);
-            self.observed_levels().remove(&uid);
-            return;
-        }
-        let status = rs.status.clone().unwrap_or_default();
-        let view = service_view(rs, &status, Timestamp::now());
-        self.metrics.observe_service(&ns, &name, &status, &view);
-        let now = Levels::of(&status);
-        // A RayService older than this controller is told from its first change on (a restarted controller
-        // does not repeat what happened before it); a newer one from its creation.
-        let created = rs.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second());
-        let newer = created.is_some_and(|c| c >= self.started.as_second());
-        let before = self
-            .observed_levels()
-            .insert(uid, now.clone())
-            .or_else(|| newer.then(Levels::default));
-        for change in before.map(|b| observed::changes(&b, &now)).unwrap_or_default() {
-            self.event(rs, EventType::Normal, change.reason(), "Observe", change.note())
-                .await;
-        }
-    }
-
-    /// Right before every write: only the leader writes (a replica that lost its Lease mid-pass stops here),
-    /// and the write is counted.
-    pub(crate) fn before_write(&self, kind: &str, verb: &str) -> Result<()> {
-        self.ensure_leader()?;
-        self.metrics.api_write(kind, verb);
-        Ok(())
-    }
-
-    /// Fails unless this replica leads (always true without leader election).
-    pub(crate) fn ensure_leader(&self) -> Result<()> {
-        match &self.leading {
-            Some(leadership) if !leadership.leading() => Err(Error::NotLeader),
-            _ => Ok(()),
-        }
-    }
-
-    /// Whether the RayService was deleted lately (by uid: a new one of the same name is another object).
-    fn was_deleted(&self, rs: &RayService) -> bool {
-        let uid = rs.uid().unwrap_or_default();
-        self.deleted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&uid)
-    }
-
-    fn observed_levels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Levels>> {
-        self.observed.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn records(&self) -> std::sync::MutexGuard<'_, ClusterRecords> {
-        self.records.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Drops everything kept about a RayService that is gone: its metric series, what was observed of it and
-    /// the records of its clusters.
-    pub fn forget(&self, ns: &str, name: &str, uid: &str) {
-        {
-            let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
-            let now = Timestamp::now();
-            deleted.retain(|_, at| now.duration_since(*at) < SignedDuration::from_mins(10));
-            deleted.insert(uid.to_string(), now);
-        }
-        self.metrics.forget_service(ns, name);
-        self.observed_levels().remove(uid);
-        self.records().forget_owner(uid);
-        self.events.forget(uid);
-    }
-
-    /// After a re-list: forgets every RayService that is no longer there (its delete event may have been
-    /// missed while the watch was down).
-    pub fn forget_all_but(&self, present: &[(String, String, String)]) {
-        let uids: std::collections::HashSet<&str> = present.iter().map(|(_, _, u)| u.as_str()).collect();
-        let names: std::collections::HashSet<(&str, &str)> =
-            present.iter().map(|(n, s, _)| (n.as_str(), s.as_str())).collect();
-        self.metrics.forget_services_except(&names);
-        self.observed_levels()
-            .retain(|uid, _| uids.contains(uid.as_str()));
-        self.records().retain_owners(|owner| uids.contains(owner));
-    }
-
-    pub(crate) async fn event(
-        &self,
-        rs: &RayService,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        let occurrence = Occurrence {
-            type_,
-            reason: reason.into(),
-            action: action.into(),
-            note,
-        };
-        if self.before_write("Event", "create").is_err() {
-            return;
-        }
-        if let Err(error) = self.events.publish(&rs.object_ref(&()), occurrence).await {
-            tracing::warn!(%error, reason, "event not recorded");
-        }
-    }
-}
-
-/// The Serve config (serveConfigV2 text) a cluster runs: kept on the cluster so that a restarted
-/// controller changes its capacity with its own config, never with a newer spec's.
-pub const SERVE_CONFIG_ANNOTATION: &str = "rayshift.io/serve-config";
 
 /// What was seen of one cluster this pass.
 struct Seen {
@@ -691,49 +387,68 @@ async fn settle_status(
     {
         tracing::debug!(note = %s.head_message, "head not ready");
     }
-    let mut incremental_wake = None;
-    if seen.incremental {
-        let (a, p) = (seen.cluster(&decision.active), seen.cluster(&decision.pending));
-        let pass = crate::incremental::Pass {
-            rs,
-            ctx,
-            ns: &ns,
-            active: a.map(|s| &s.cluster),
-            pending: p.map(|s| &s.cluster),
-            active_serve: a.filter(|s| s.head_ready).and_then(|s| s.serve.as_ref()),
-            pending_serve: p.filter(|s| s.head_ready).and_then(|s| s.serve.as_ref()),
-            goal_spec: &seen.goal.spec,
-            now,
-        };
-        incremental_wake = crate::incremental::advance(&pass, &mut status).await?;
-    }
+    let incremental_wake = match seen.incremental {
+        true => advance_upgrade(rs, ctx, seen, decision, &mut status, now).await?,
+        false => None,
+    };
     ctx.metrics
-        .observe_service(&ns, &rs.name_any(), &status, &service_view(rs, &status, now));
+        .observe_service(&ns, &rs.name_any(), &status, &ServiceView::of(rs, &status, now));
     if conditions::status_changed(Some(previous), &status) {
         write_status(rs, ctx, &status).await?;
     }
     if let Some(problem) = &dashboard_problem {
-        let before = previous
-            .conditions
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.reason == reason::DASHBOARD_UNREACHABLE);
-        if !before {
-            ctx.event(
-                rs,
-                EventType::Warning,
-                "DashboardUnreachable",
-                "Reconcile",
-                problem.clone(),
-            )
-            .await;
-        }
+        tell_dashboard_problem(rs, ctx, previous, problem).await;
     }
     Ok(Settled {
         incremental_wake,
         dashboard_problem,
     })
+}
+
+/// The incremental upgrade's step of this pass, on the clusters the lifecycle kept.
+async fn advance_upgrade(
+    rs: &RayService,
+    ctx: &Context,
+    seen: &Observation,
+    decision: &Decision,
+    status: &mut RayServiceStatuses,
+    now: Timestamp,
+) -> Result<Option<Duration>> {
+    let (a, p) = (seen.cluster(&decision.active), seen.cluster(&decision.pending));
+    fn serve(s: Option<&Seen>) -> Option<&ServeStatus> {
+        s.filter(|s| s.head_ready).and_then(|s| s.serve.as_ref())
+    }
+    let pass = crate::incremental::Pass {
+        rs,
+        ctx,
+        ns: &rs.namespace().unwrap_or_default(),
+        active: a.map(|s| &s.cluster),
+        pending: p.map(|s| &s.cluster),
+        active_serve: serve(a),
+        pending_serve: serve(p),
+        goal_spec: &seen.goal.spec,
+        now,
+    };
+    crate::incremental::advance(&pass, status).await
+}
+
+/// One Warning event when a dashboard starts failing (not at every pass while it stays down).
+async fn tell_dashboard_problem(
+    rs: &RayService,
+    ctx: &Context,
+    previous: &RayServiceStatuses,
+    problem: &str,
+) {
+    let conditions = previous.conditions.as_deref().unwrap_or_default();
+    if conditions
+        .iter()
+        .any(|c| c.reason == reason::DASHBOARD_UNREACHABLE)
+    {
+        return;
+    }
+    let note = problem.to_string();
+    ctx.event(rs, EventType::Warning, "DashboardUnreachable", "Reconcile", note)
+        .await;
 }
 
 /// Requeue only when something is due: a step, a deletion, Serve apps still settling or a proxy to check
@@ -1256,48 +971,6 @@ async fn serving_cluster(client: &Client, rs: &RayService) -> Result<Option<Stri
         .and_then(|sel| sel.get(CLUSTER_LABEL).cloned()))
 }
 
-/// Server-side apply of a child, skipped when what rayshift applied last is unchanged.
-pub(crate) async fn apply_child<K>(ctx: &Context, ns: &str, body: Value) -> Result<()>
-where
-    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + 'static
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let (body, digest) = children::stamp(body);
-    let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    // A cache that has not yet seen this controller's last apply only costs one idempotent apply more.
-    let existing = read_child::<K>(ctx, ns, &name).await?;
-    if existing.is_some_and(|k| k.annotations().get(APPLIED_ANNOTATION) == Some(&digest)) {
-        return Ok(());
-    }
-    ctx.before_write(&K::kind(&()), "apply")?;
-    api.patch(
-        &name,
-        &PatchParams::apply(&ctx.options.field_manager).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
-    Ok(())
-}
-
-/// A child object from its cache, or from the apiserver where no cache holds it.
-pub(crate) async fn read_child<K>(ctx: &Context, ns: &str, name: &str) -> Result<Option<K>>
-where
-    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + 'static,
-{
-    match ctx.caches.as_ref().and_then(|c| c.child::<K>(ns, name)) {
-        Some(cached) => Ok(cached.map(|k| (*k).clone())),
-        None => Ok(Api::<K>::namespaced(ctx.client.clone(), ns).get_opt(name).await?),
-    }
-}
-
 /// PUTs the spec's Serve config when it differs from what this cluster last received (or it lost its
 /// apps), then records on the cluster which config it runs; returns whether it pushed.
 async fn push_serve_config(
@@ -1487,45 +1160,6 @@ pub(crate) fn merge_patch(old: &Value, new: &Value) -> Value {
             Value::Object(patch)
         }
         _ => new.clone(),
-    }
-}
-
-fn service_view(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) -> crate::metrics::ServiceView {
-    let named =
-        |s: &Option<ClusterServiceStatus>| s.as_ref().and_then(|s| s.ray_cluster_name.as_ref()).is_some();
-    let cond = |t: &str| status.conditions.iter().flatten().find(|c| c.type_ == t).cloned();
-    let rollback = cond(conditions::ROLLBACK_IN_PROGRESS).is_some_and(|c| c.status == "True");
-    let progressing = cond(rayshift_api::upgrade::decide::PROGRESSING);
-    let paused = progressing.as_ref().is_some_and(|c| c.reason == "Paused");
-    let phase = match (
-        named(&status.active_service_status),
-        named(&status.pending_service_status),
-    ) {
-        (false, _) => "Initializing",
-        (true, false) => "Idle",
-        (true, true) if rollback => "RollingBack",
-        (true, true) if paused => "Paused",
-        (true, true) if progressing.as_ref().is_some_and(|c| c.status == "False") => "Waiting",
-        (true, true) => "Upgrading",
-    };
-    let last_step = rayshift_api::upgrade::decide::last_step_time(status);
-    let interval = rs
-        .spec
-        .cluster_upgrade_options()
-        .and_then(|o| o.interval_seconds)
-        .map(f64::from);
-    let until = match (phase, last_step, interval) {
-        ("Upgrading" | "RollingBack", Some(t), Some(i)) => {
-            Some((i - now.duration_since(t).as_secs_f64()).max(0.0))
-        }
-        _ => None,
-    };
-    crate::metrics::ServiceView {
-        phase,
-        paused,
-        rollback,
-        seconds_until_next_step: until,
-        last_step_unix: last_step.map(|t| t.as_millisecond() as f64 / 1000.0),
     }
 }
 

@@ -1,0 +1,370 @@
+//! What every pass shares: the controller's options and mode, its clients, read caches, records and
+//! metrics, the leader check before every write, events, and the two ways a pass touches a child object
+//! (read it, apply it). Both the reconcile and the incremental step use it; it uses neither.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::reflector,
+};
+use rayshift_api::{
+    FeatureGates, RayCluster, RayService,
+    observed::{self, Levels},
+};
+use serde_json::Value;
+
+use crate::{
+    children::{self, APPLIED_ANNOTATION, CLUSTER_LABEL, NODE_TYPE_LABEL},
+    cluster_records::ClusterRecords,
+    dashboard::{self, Dashboard},
+    error::{Error, Result},
+    events::{EventLog, EventType, Occurrence},
+    metrics::{Metrics, ServiceView},
+};
+
+/// What the controller does with the RayServices it sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Reconcile nothing, write nothing: export the capacity and traffic metrics of every RayService, read from
+    /// the status KubeRay writes (the mode for an unmodified KubeRay).
+    Observe,
+    /// Run the RayServices whose `managedBy` is rayshift's, and observe the others as in `Observe`.
+    Reconcile,
+}
+
+/// How the controller behaves.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// `spec.managedBy` value of the RayServices this controller owns.
+    pub managed_by: String,
+    /// Whether this controller runs the RayServices it owns, or only watches them all.
+    pub mode: Mode,
+    pub feature_gates: FeatureGates,
+    /// Re-read dashboards this often while waiting for Serve apps (nothing to watch there).
+    pub serve_poll_interval: Duration,
+    /// Re-read Serve this often while a traffic step is due and waits only for its capacity to be verified
+    /// (the step then lands this late at most, plus one pass).
+    pub capacity_poll_interval: Duration,
+    /// Re-read dashboards this often when settled; writes only if something changed.
+    pub resync_interval: Duration,
+    pub field_manager: String,
+    /// Do not wait for Gateway/HTTPRoute status (for Gateway controllers that publish none).
+    pub skip_gateway_status_check: bool,
+    /// Operator default of the progress deadline (the annotation overrides it).
+    pub progress_deadline_seconds: i64,
+    /// How often a serving head's Serve proxy is checked when nothing else is due.
+    pub serve_health_interval: Duration,
+    /// Where a head Pod's Serve proxy health check is (template route): `{podIP}`, `{port}`, `{pod}`,
+    /// `{cluster}` and `{namespace}` are filled in.
+    pub serve_health_url_template: String,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        Self {
+            managed_by: rayshift_api::rayservice::RAYSHIFT_MANAGER.to_string(),
+            mode: Mode::Reconcile,
+            feature_gates: FeatureGates::default(),
+            serve_poll_interval: Duration::from_secs(2),
+            capacity_poll_interval: Duration::from_millis(50),
+            resync_interval: Duration::from_secs(60),
+            field_manager: "rayshift".to_string(),
+            skip_gateway_status_check: false,
+            progress_deadline_seconds: rayshift_api::upgrade_control::DEFAULT_PROGRESS_DEADLINE_SECONDS,
+            serve_health_interval: Duration::from_secs(10),
+            serve_health_url_template: dashboard::DEFAULT_HEALTH_URL_TEMPLATE.to_string(),
+        }
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub events: EventLog,
+    pub dashboard: Dashboard,
+    pub options: ControllerOptions,
+    pub metrics: Metrics,
+    /// Serve config last pushed and proxy health, per cluster, grouped by owner uid.
+    records: Mutex<ClusterRecords>,
+    /// Whether the Gateway API (HTTPRoute) is served by this cluster.
+    pub gateway_api: std::sync::atomic::AtomicBool,
+    /// Last levels seen of each RayService someone else runs (by uid), to tell what changed.
+    observed: Mutex<HashMap<String, Levels>>,
+    /// RayServices deleted lately (uid → when): a pass that began before the delete must not publish
+    /// their series again after they were dropped.
+    deleted: Mutex<HashMap<String, Timestamp>>,
+    started: Timestamp,
+    /// Whether this replica holds the leader Lease; `None` without leader election.
+    leading: Option<Arc<crate::leader::Leadership>>,
+    /// Where a pass reads clusters, head Pods and the objects it applies; `None`: the apiserver.
+    pub(crate) caches: Option<Caches>,
+}
+
+/// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
+/// triggers a pass, so a pass never reads an object older than the change that woke it.
+#[derive(Clone)]
+pub struct Caches {
+    pub clusters: reflector::Store<RayCluster>,
+    pub heads: reflector::Store<Pod>,
+    /// The Services rayshift creates (KubeRay's association labels).
+    pub services: reflector::Store<Service>,
+    /// Filled only where the Gateway API is served.
+    pub gateways: reflector::Store<gateway_api::gateways::Gateway>,
+    pub routes: reflector::Store<gateway_api::httproutes::HttpRoute>,
+}
+
+impl Caches {
+    /// A child object as its cache holds it: `None` when no cache holds that kind or it has not listed
+    /// yet (then the caller asks the apiserver), `Some(None)` when it does not exist.
+    pub(crate) fn child<K>(&self, ns: &str, name: &str) -> Option<Option<Arc<K>>>
+    where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
+        let stores: [&dyn std::any::Any; 3] = [&self.services, &self.gateways, &self.routes];
+        let store = stores
+            .into_iter()
+            .find_map(|s| s.downcast_ref::<reflector::Store<K>>())?;
+        futures::FutureExt::now_or_never(store.wait_until_ready())?.ok()?;
+        Some(store.get(&reflector::ObjectRef::new(name).within(ns)))
+    }
+
+    /// The RayService's clusters (by KubeRay's association labels).
+    pub(crate) async fn clusters_of(&self, ns: &str, rs: &str) -> Result<Vec<RayCluster>> {
+        let wanted = children::association_labels(rs);
+        cached(&self.clusters, "RayCluster", ns, &wanted).await
+    }
+
+    /// The head Pods of a cluster.
+    pub(crate) async fn heads_of(&self, ns: &str, cluster: &str) -> Result<Vec<Pod>> {
+        let wanted = BTreeMap::from([
+            (CLUSTER_LABEL.to_string(), cluster.to_string()),
+            (NODE_TYPE_LABEL.to_string(), "head".to_string()),
+        ]);
+        cached(&self.heads, "Pod", ns, &wanted).await
+    }
+}
+
+/// The objects of a store in `ns` that carry every label of `wanted`, once the store has its first list.
+async fn cached<K>(
+    store: &reflector::Store<K>,
+    kind: &'static str,
+    ns: &str,
+    wanted: &BTreeMap<String, String>,
+) -> Result<Vec<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::CacheClosed(kind))?;
+    let matches = |k: &K| {
+        k.meta().namespace.as_deref() == Some(ns)
+            && wanted.iter().all(|(key, v)| k.labels().get(key) == Some(v))
+    };
+    Ok(store
+        .state()
+        .iter()
+        .filter(|k| matches(k))
+        .map(|k| (**k).clone())
+        .collect())
+}
+
+impl Context {
+    pub fn new(client: Client, dashboard: Dashboard, options: ControllerOptions, metrics: Metrics) -> Self {
+        Self {
+            events: EventLog::new(client.clone(), "rayshift", std::env::var("POD_NAME").ok()),
+            client,
+            dashboard,
+            options,
+            metrics,
+            records: Mutex::new(ClusterRecords::default()),
+            gateway_api: std::sync::atomic::AtomicBool::new(false),
+            observed: Mutex::new(HashMap::new()),
+            deleted: Mutex::new(HashMap::new()),
+            started: Timestamp::now(),
+            leading: None,
+            caches: None,
+        }
+    }
+
+    /// Reads clusters and head Pods from these caches instead of the apiserver.
+    pub fn with_caches(mut self, caches: Caches) -> Self {
+        self.caches = Some(caches);
+        self
+    }
+
+    /// Writes only while `leading` says this replica holds the Lease.
+    pub fn with_leadership(mut self, leading: Option<Arc<crate::leader::Leadership>>) -> Self {
+        self.leading = leading;
+        self
+    }
+
+    pub(crate) fn owns(&self, rs: &RayService) -> bool {
+        self.options.mode == Mode::Reconcile
+            && rs.spec.managed_by.as_deref() == Some(&self.options.managed_by)
+    }
+
+    /// Metrics and events of a RayService someone else runs, from the status it writes.
+    pub(crate) async fn observe(&self, rs: &RayService) {
+        let (ns, name) = (rs.namespace().unwrap_or_default(), rs.name_any());
+        let uid = rs.uid().unwrap_or_default();
+        if rs.meta().deletion_timestamp.is_some() {
+            self.metrics.forget_service(&ns, &name);
+            self.observed_levels().remove(&uid);
+            return;
+        }
+        let status = rs.status.clone().unwrap_or_default();
+        let view = ServiceView::of(rs, &status, Timestamp::now());
+        self.metrics.observe_service(&ns, &name, &status, &view);
+        let now = Levels::of(&status);
+        // A RayService older than this controller is told from its first change on (a restarted controller
+        // does not repeat what happened before it); a newer one from its creation.
+        let created = rs.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second());
+        let newer = created.is_some_and(|c| c >= self.started.as_second());
+        let before = self
+            .observed_levels()
+            .insert(uid, now.clone())
+            .or_else(|| newer.then(Levels::default));
+        for change in before.map(|b| observed::changes(&b, &now)).unwrap_or_default() {
+            self.event(rs, EventType::Normal, change.reason(), "Observe", change.note())
+                .await;
+        }
+    }
+
+    /// Right before every write: only the leader writes (a replica that lost its Lease mid-pass stops here),
+    /// and the write is counted.
+    pub(crate) fn before_write(&self, kind: &str, verb: &str) -> Result<()> {
+        self.ensure_leader()?;
+        self.metrics.api_write(kind, verb);
+        Ok(())
+    }
+
+    /// Fails unless this replica leads (always true without leader election).
+    pub(crate) fn ensure_leader(&self) -> Result<()> {
+        match &self.leading {
+            Some(leadership) if !leadership.leading() => Err(Error::NotLeader),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the RayService was deleted lately (by uid: a new one of the same name is another object).
+    pub(crate) fn was_deleted(&self, rs: &RayService) -> bool {
+        let uid = rs.uid().unwrap_or_default();
+        self.deleted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&uid)
+    }
+
+    pub(crate) fn observed_levels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Levels>> {
+        self.observed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn records(&self) -> std::sync::MutexGuard<'_, ClusterRecords> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops everything kept about a RayService that is gone: its metric series, what was observed of it and
+    /// the records of its clusters.
+    pub fn forget(&self, ns: &str, name: &str, uid: &str) {
+        {
+            let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Timestamp::now();
+            deleted.retain(|_, at| now.duration_since(*at) < SignedDuration::from_mins(10));
+            deleted.insert(uid.to_string(), now);
+        }
+        self.metrics.forget_service(ns, name);
+        self.observed_levels().remove(uid);
+        self.records().forget_owner(uid);
+        self.events.forget(uid);
+    }
+
+    /// After a re-list: forgets every RayService that is no longer there (its delete event may have been
+    /// missed while the watch was down).
+    pub fn forget_all_but(&self, present: &[(String, String, String)]) {
+        let uids: std::collections::HashSet<&str> = present.iter().map(|(_, _, u)| u.as_str()).collect();
+        let names: std::collections::HashSet<(&str, &str)> =
+            present.iter().map(|(n, s, _)| (n.as_str(), s.as_str())).collect();
+        self.metrics.forget_services_except(&names);
+        self.observed_levels()
+            .retain(|uid, _| uids.contains(uid.as_str()));
+        self.records().retain_owners(|owner| uids.contains(owner));
+    }
+
+    pub(crate) async fn event(
+        &self,
+        rs: &RayService,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let occurrence = Occurrence {
+            type_,
+            reason: reason.into(),
+            action: action.into(),
+            note,
+        };
+        if self.before_write("Event", "create").is_err() {
+            return;
+        }
+        if let Err(error) = self.events.publish(&rs.object_ref(&()), occurrence).await {
+            tracing::warn!(%error, reason, "event not recorded");
+        }
+    }
+}
+
+/// The Serve config (serveConfigV2 text) a cluster runs: kept on the cluster so that a restarted
+/// controller changes its capacity with its own config, never with a newer spec's.
+pub const SERVE_CONFIG_ANNOTATION: &str = "rayshift.io/serve-config";
+
+/// Server-side apply of a child, skipped when what rayshift applied last is unchanged.
+pub(crate) async fn apply_child<K>(ctx: &Context, ns: &str, body: Value) -> Result<()>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + 'static
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let (body, digest) = children::stamp(body);
+    let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    // A cache that has not yet seen this controller's last apply only costs one idempotent apply more.
+    let existing = read_child::<K>(ctx, ns, &name).await?;
+    if existing.is_some_and(|k| k.annotations().get(APPLIED_ANNOTATION) == Some(&digest)) {
+        return Ok(());
+    }
+    ctx.before_write(&K::kind(&()), "apply")?;
+    api.patch(
+        &name,
+        &PatchParams::apply(&ctx.options.field_manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A child object from its cache, or from the apiserver where no cache holds it.
+pub(crate) async fn read_child<K>(ctx: &Context, ns: &str, name: &str) -> Result<Option<K>>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + 'static,
+{
+    match ctx.caches.as_ref().and_then(|c| c.child::<K>(ns, name)) {
+        Some(cached) => Ok(cached.map(|k| (*k).clone())),
+        None => Ok(Api::<K>::namespaced(ctx.client.clone(), ns).get_opt(name).await?),
+    }
+}
