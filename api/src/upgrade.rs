@@ -198,11 +198,12 @@ fn forward(opts: &UpgradeOptions, obs: &Observed) -> Action {
     if p.traffic == 100 && a.capacity == 0 {
         return Action::Promote;
     }
-    if let Some(lower) = over_surge(opts, obs) {
-        return lower;
-    }
+    // Lowering a capacity relies on the traffic having left it: the data plane must have the status' weights.
     if !obs.route_ready {
         return wait(WaitReason::RouteNotReady);
+    }
+    if let Some(lower) = over_surge(opts, obs) {
+        return lower;
     }
     // Capacity moves only once traffic has caught up with the pending capacity.
     if p.traffic == p.capacity {
@@ -249,6 +250,10 @@ fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
     if a.capacity == 100 && a.traffic == 100 && pending_capacity == 0 {
         return Action::FinishRollback;
     }
+    // As going forward: the pending capacity is lowered only once the route has moved traffic off it.
+    if !obs.route_ready {
+        return wait(WaitReason::RouteNotReady);
+    }
     if a.traffic == a.capacity {
         if a.capacity + pending_capacity > 100 {
             // Never below the traffic the pending cluster still carries (KubeRay bug 9.7).
@@ -270,9 +275,6 @@ fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
             role: Role::Pending,
             percent: 0,
         };
-    }
-    if !obs.route_ready {
-        return wait(WaitReason::RouteNotReady);
     }
     if !obs.active_capacity_ready {
         return wait(WaitReason::ActiveCapacityNotReady);

@@ -397,6 +397,8 @@ proptest! {
             }
             prop_assert!(!before.paused, "no change while paused");
             apply(&mut o, action);
+            let lowered = o.active.capacity < before.active.capacity || o.pending.capacity < before.pending.capacity;
+            prop_assert!(!lowered || before.route_ready, "capacity lowered before the route moved traffic off it");
             actions += 1;
             assert_invariants(&opts, &o)?;
             if o.direction == Direction::Forward {
@@ -598,6 +600,8 @@ proptest! {
             if after.active.traffic > before.active.traffic {
                 prop_assert!(a.reachable && a.capacity_verified && seen.route_ready, "traffic back onto unverified capacity");
             }
+            let lowered = after.active.capacity < before.active.capacity || after.pending.capacity < before.pending.capacity;
+            prop_assert!(!lowered || seen.route_ready, "capacity lowered before the route moved traffic off it");
             if d.effect == Some(Effect::Traffic) {
                 let due = last_step.map(|l| l + opts.interval);
                 prop_assert!(settings.control == Control::Promote || due.is_none_or(|d| now >= d), "a step before it was due");
