@@ -451,8 +451,9 @@ async fn tell_dashboard_problem(
         .await;
 }
 
-/// Requeue only when something is due: a step, a deletion, Serve apps still settling or a proxy to check
-/// (nothing can be watched there).
+/// Requeue only when something is due: a step, a deletion, a cluster still starting or Serve apps still
+/// settling (nothing can be watched there; a starting cluster is watched, but a lost wake-up would otherwise
+/// cost a whole resync), or a proxy to check.
 fn next_wake(
     ctx: &Context,
     seen: &Observation,
@@ -467,7 +468,7 @@ fn next_wake(
         .any(|c| {
             seen.clusters
                 .get(c)
-                .is_some_and(|s| s.head_ready && !s.serve.as_ref().is_some_and(ServeStatus::all_running))
+                .is_none_or(|s| !s.head_ready || !s.serve.as_ref().is_some_and(ServeStatus::all_running))
         });
     let waiting_for_serve = settling
         || applied.pushed

@@ -80,7 +80,8 @@ start() {
   $SUDO ip netns exec "$name" env PYTHONPATH="$appdir" "$VENV/bin/ray" start --head --port 6379 \
     --dashboard-host 0.0.0.0 --dashboard-port 8265 --include-dashboard true --num-cpus 2 \
     --disable-usage-stats --temp-dir "$tmp" >"$tmp.log" 2>&1
-  for _ in $(seq 120); do
+  # Up to 3 minutes: two heads starting at once on a loaded 2-core machine have taken more than one.
+  for _ in $(seq 360); do
     if curl -sf "http://$ns_ip:8265/api/serve/applications/" >/dev/null 2>&1; then
       if [ -n "${RAYSHIFT_OWNER_PID:-}" ]; then
         setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" stop "$3"' \
@@ -91,7 +92,9 @@ start() {
     fi
     sleep 0.5
   done
-  log "head $name did not become ready (see $tmp.log)"
+  log "head $name did not become ready in 180 s; the end of $tmp.log:"
+  tail -n 20 "$tmp.log" >&2 || true
+  tail -n 20 "$tmp/session_latest/logs/dashboard.log" >&2 2>/dev/null || true
   return 1
 }
 
