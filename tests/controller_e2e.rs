@@ -121,7 +121,22 @@ impl Env {
     {
         support::wait::eventually(what, secs, Duration::from_millis(100), check, || async {
             format!(
-                "--- controller logs (last 25 lines) ---\n{}\n--- KubeRay ---\n{}",
+                "--- objects ---\n{}\n--- controller logs (last 25 lines) ---\n{}\n--- KubeRay ---\n{}",
+                self.cp.kubectl(&[
+                    "get",
+                    "rayservices,rayclusters,pods,events",
+                    "-n",
+                    &self.ns,
+                    "-o",
+                    "wide"
+                ]) + &self.cp.kubectl(&[
+                    "get",
+                    "rayservices",
+                    "-n",
+                    &self.ns,
+                    "-o",
+                    "jsonpath={range .items[*]}{.metadata.name}: {.status}{\"\\n\"}{end}"
+                ]),
                 support::wait::tail(&self.controller.logs(), 25),
                 self.cp.kuberay_log(15)
             )

@@ -1,6 +1,6 @@
 //! NewClusterWithIncrementalUpgrade end to end: real kube-apiserver with Gateway API CRDs, the real KubeRay
 //! operator running the RayClusters (kube-scheduler and kwok running their Pods), fake Ray dashboard (kwok's
-//! Pods run no Ray), test code as the Gateway controller, the real controller process. An observer
+//! Pods run no Ray), Traefik as the Gateway controller, the real controller process. An observer
 //! checks the invariants on every version of the RayService, HTTPRoute and RayClusters it sees.
 
 mod support;
@@ -20,9 +20,9 @@ use support::{
     cluster::{ControlPlane, control_plane_with_kuberay},
     controller::ControllerProcess,
     dashboard::FakeDashboard,
-    gateway::GatewayStandIn,
     observer::Observer,
     status::{active, cluster_names, condition, pending},
+    traefik::{self, TraefikGateway},
 };
 
 struct Env {
@@ -30,7 +30,7 @@ struct Env {
     client: Client,
     ns: String,
     dashboard: FakeDashboard,
-    _gateway: GatewayStandIn,
+    _gateway: TraefikGateway,
     controller: Option<ControllerProcess>,
 }
 
@@ -43,7 +43,7 @@ impl Env {
         assert!(cp.crds_established(&client).await);
         let ns = cp.namespace(&client, prefix).await;
         let dashboard = FakeDashboard::start().await;
-        let gateway = GatewayStandIn::start(client.clone(), &ns);
+        let gateway = TraefikGateway::start(cp, client.clone(), &ns).await;
         let mut env = Env {
             cp,
             client,
@@ -206,7 +206,7 @@ fn rayservice(surge: i32, step: i32, interval: i32, image: &str) -> Value {
             "managedBy": "rayshift.io/controller",
             "rayClusterDeletionDelaySeconds": 2,
             "upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
-                "gatewayClassName": "test", "maxSurgePercent": surge, "stepSizePercent": step, "intervalSeconds": interval}},
+                "gatewayClassName": traefik::CLASS, "maxSurgePercent": surge, "stepSizePercent": step, "intervalSeconds": interval}},
             "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n    deployments:\n      - name: LLM\n        num_replicas: 10\n",
             "rayClusterConfig": {
                 "enableInTreeAutoscaling": true,

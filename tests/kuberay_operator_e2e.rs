@@ -8,8 +8,8 @@
 //!   serves it on the cluster KubeRay built (same spec: no new cluster, no needless upgrade);
 //! - both delete cleanly (no finalizer of KubeRay's is left on either).
 //!
-//! Stand-ins that remain: the Ray dashboard (a fake with the real API's shapes: the Pods kwok runs have no Ray in
-//! them) and the Gateway controller (test code; Traefik comes with the Gateway issue).
+//! Traefik is the Gateway controller. The stand-in that remains: the Ray dashboard (a fake with the real API's
+//! shapes: the Pods kwok runs have no Ray in them).
 
 mod support;
 
@@ -25,8 +25,8 @@ use support::{
     cluster::{ControlPlane, Crds},
     controller::ControllerProcess,
     dashboard::FakeDashboard,
-    gateway::GatewayStandIn,
     status::{active, cluster_names, pending},
+    traefik::{self, TraefikGateway},
     wait::eventually,
     webhook::AdmissionWebhook,
 };
@@ -37,7 +37,7 @@ fn rayservice(name: &str, managed_by: Option<&str>, image: &str) -> RayService {
     let mut spec = json!({
         "rayClusterDeletionDelaySeconds": 1,
         "upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
-            "gatewayClassName": "test", "maxSurgePercent": 50, "stepSizePercent": 50, "intervalSeconds": 1}},
+            "gatewayClassName": traefik::CLASS, "maxSurgePercent": 50, "stepSizePercent": 50, "intervalSeconds": 1}},
         "serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n",
         "rayClusterConfig": {
             "enableInTreeAutoscaling": true,
@@ -76,7 +76,7 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
     let ns = cp.namespace(&client, "kuberay").await;
     let webhook = AdmissionWebhook::register(&cp, &client, &ns, &[GATE]).await;
     let dashboard = FakeDashboard::start().await;
-    let _gateway = GatewayStandIn::start(client.clone(), &ns);
+    let _gateway = TraefikGateway::start(&cp, client.clone(), &ns).await;
     let controller = ControllerProcess::start(&cp, &ns, &dashboard.url_template(), &[GATE]);
     let services: Api<RayService> = Api::namespaced(client.clone(), &ns);
     let clusters: Api<RayCluster> = Api::namespaced(client.clone(), &ns);

@@ -14,7 +14,7 @@ use support::{
     cluster::{control_plane_with_kuberay, repo},
     controller::ControllerProcess,
     dashboard::FakeDashboard,
-    gateway::GatewayStandIn,
+    traefik::{self, TraefikGateway},
 };
 
 /// rayshift-system, created once for both tests (two concurrent applies would race to create it).
@@ -97,7 +97,7 @@ async fn the_controller_needs_nothing_beyond_its_cluster_role() {
     assert!(cp.crds_established(&client).await);
     let ns = cp.namespace(&client, "rbac").await;
     let dashboard = FakeDashboard::start().await;
-    let _gateway = GatewayStandIn::start(client.clone(), &ns);
+    let _gateway = TraefikGateway::start(cp, client.clone(), &ns).await;
     let controller = ControllerProcess::start_as(
         &restricted,
         &ns,
@@ -110,7 +110,7 @@ async fn the_controller_needs_nothing_beyond_its_cluster_role() {
         "spec": {
             "managedBy": "rayshift.io/controller", "rayClusterDeletionDelaySeconds": 1,
             "upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
-                "gatewayClassName": "test", "maxSurgePercent": 50, "stepSizePercent": 50, "intervalSeconds": 1}},
+                "gatewayClassName": traefik::CLASS, "maxSurgePercent": 50, "stepSizePercent": 50, "intervalSeconds": 1}},
             "serveConfigV2": "applications:\n  - name: app\n    import_path: m:app\n",
             "rayClusterConfig": {"enableInTreeAutoscaling": true,
                 "headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "ray:1", "ports": [{"name": "serve", "containerPort": 8000}]}]}}},

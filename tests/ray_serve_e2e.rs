@@ -1,11 +1,12 @@
 //! Real Ray Serve end to end: the real controller process against a real kube-apiserver, real Ray heads
-//! (one per RayCluster, each in its own network namespace), a real nginx that follows the HTTPRoute, and
+//! (one per RayCluster, each in its own network namespace), Traefik as the Gateway API implementation, and
 //! 50 requests per second through it during an incremental upgrade and during a rollback.
 //!
 //! The real KubeRay operator runs the RayClusters (head Pods, Services, status); kwok runs the Pods on a fake
-//! node, and each head Pod's IP is taken by the real Ray head of its cluster. Test code plays the Gateway
-//! controller (HTTPRoute -> nginx). Everything Ray says is real: the controller's dashboard calls reach the real dashboards, and an
-//! independent sampler reads what Serve really runs.
+//! node, and each head Pod's IP is taken by the real Ray head of its cluster. Traefik reads rayshift's Gateway
+//! and HTTPRoute, writes their status, and sends each request to a ready EndpointSlice address of a serve
+//! Service by the route's weights. Everything Ray says is real: the controller's dashboard calls reach the
+//! real dashboards, and an independent sampler reads what Serve really runs.
 
 mod support;
 
@@ -25,11 +26,11 @@ use serde_json::{Value, json};
 use support::{
     cluster::control_plane_beside_ray,
     controller::ControllerProcess,
-    dataplane::NginxGateway,
     load::{Load, Response},
     observer::Observer,
     ray::{Call, RayHeads, replicas_at},
     status::{active, pending},
+    traefik::{self, TraefikGateway},
 };
 
 const GATE: &str = "--feature-gates=RayServiceIncrementalUpgrade=true";
@@ -84,7 +85,7 @@ fn rayservice(version: &str) -> RayService {
     // Long enough to see the old cluster drained to 0 replicas before its head goes away.
     spec["rayClusterDeletionDelaySeconds"] = json!(8);
     spec["upgradeStrategy"] = json!({"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
-        "gatewayClassName": "nginx", "maxSurgePercent": SURGE, "stepSizePercent": 25, "intervalSeconds": 3}});
+        "gatewayClassName": traefik::CLASS, "maxSurgePercent": SURGE, "stepSizePercent": 25, "intervalSeconds": 3}});
     serde_json::from_value(
         json!({"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "llm"}, "spec": spec}),
     )
@@ -98,7 +99,7 @@ struct Env {
     client: Client,
     ns: String,
     heads: RayHeads,
-    gateway: NginxGateway,
+    gateway: TraefikGateway,
     controller: ControllerProcess,
     report: String,
 }
@@ -118,7 +119,7 @@ impl Env {
         assert!(cp.crds_established(&client).await);
         let ns = cp.namespace(&client, prefix).await;
         let heads = RayHeads::start(client.clone(), &ns).await;
-        let gateway = NginxGateway::start(client.clone(), &ns).await;
+        let gateway = TraefikGateway::start(cp, client.clone(), &ns).await;
         let controller = match route {
             // The heads' Serve proxies are reachable at their Pod IPs: the default health check works.
             DashboardRoute::Template => ControllerProcess::start(
@@ -196,17 +197,17 @@ impl Env {
         support::wait::eventually(what, secs, Duration::from_millis(100), check, || async {
             let status = serde_json::to_string_pretty(&self.get().await.status).unwrap();
             format!(
-                "status: {status}\nhead failures: {:?}\ndata plane errors: {:?}\ndata plane configs: {:?}\n--- controller logs ---\n{}",
+                "status: {status}\nhead failures: {:?}\nTraefik errors: {:?}\nroute weights: {:?}\n--- controller logs ---\n{}",
                 self.heads.failures(),
                 self.gateway.errors(),
-                self.gateway.live(),
+                self.gateway.routes(),
                 support::wait::tail(&self.controller.logs(), 40)
             )
         })
         .await
     }
 
-    /// Waits until `cluster` alone carries traffic at full capacity, and nginx serves that.
+    /// Waits until `cluster` alone carries traffic at full capacity, and Traefik accepted that.
     async fn settled_on(&self, cluster: &str, secs: u64) {
         self.eventually(&format!("{cluster} active at 100/100 alone"), secs, || async {
             let rs = self.get().await;
@@ -218,9 +219,8 @@ impl Env {
             .then_some(())
         })
         .await;
-        self.eventually("nginx serving only that cluster", 30, || async {
-            let live = self.gateway.live();
-            let last = live.last()?;
+        self.eventually("Traefik routing only to that cluster", 30, || async {
+            let last = self.gateway.accepted()?;
             (last.weights.get(cluster) == Some(&100)).then_some(())
         })
         .await;
@@ -324,8 +324,12 @@ fn latency_line(responses: &[Response]) -> String {
     )
 }
 
-/// The share of `new` responses per data-plane config live during the load, against the route weight.
-/// Returns the table and the rows that miss the weight by more than 5 points.
+/// The share of `new` responses per version of the route's weights during the load, against the route
+/// weight. A version's window opens `SETTLE` after Traefik accepted it (it applies what it accepted within
+/// milliseconds; requests already in flight finish where they went) and closes when the next version
+/// reached the apiserver. Returns the table and the windows of ≥ 40 requests that miss the weight by more
+/// than 5 points (Traefik's weighted round robin is deterministic: the share is the weight within a request
+/// or two).
 fn share_table(
     env: &Env,
     from: Instant,
@@ -334,24 +338,25 @@ fn share_table(
     new_cluster: &str,
     new: &str,
 ) -> (String, Vec<String>) {
-    let live: Vec<_> = env.gateway.live();
+    const SETTLE: Duration = Duration::from_millis(300);
+    let routes = env.gateway.routes();
     let mut table = String::from(
         "| from (s) | for (s) | weights (RayCluster: %) | requests | `new` share | route weight of new | max latency (ms) |\n|---|---|---|---|---|---|---|\n",
     );
     table = table.replace("`new`", new);
     let mut misses = Vec::new();
-    for (i, cfg) in live.iter().enumerate() {
-        let start = cfg.at.max(from);
-        let end = live.get(i + 1).map_or(to, |n| n.at).min(to);
+    for (i, cfg) in routes.iter().enumerate() {
+        let Some(accepted) = cfg.accepted else {
+            continue;
+        };
+        let start = (accepted + SETTLE).max(from);
+        let end = routes.get(i + 1).map_or(to, |n| n.seen).min(to);
         if end <= start {
             continue;
         }
-        // While nginx reloads, old and new workers both take requests: those may have gone either way.
-        let settle = start + Duration::from_millis(100);
-        let next_reload = live.get(i + 1).map_or(to, |n| n.requested).min(to);
         let in_window: Vec<&Response> = responses
             .iter()
-            .filter(|r| r.sent >= settle && r.sent < next_reload)
+            .filter(|r| r.sent >= start && r.sent < end)
             .collect();
         let hits = in_window.iter().filter(|r| r.body() == Some(new)).count();
         let share = if in_window.is_empty() {
@@ -447,31 +452,31 @@ fn capacity_table(env: &Env, clusters: &[&str], from: Instant) -> (String, Vec<S
     (table, problems)
 }
 
-/// Every raise of a cluster's weight in the data plane came after the real dashboard had told the
-/// controller that the cluster's replicas for it were RUNNING.
+/// Every raise of a cluster's weight in the route came after the real dashboard had told the controller
+/// that the cluster's replicas for it were RUNNING (the route is written before the data plane can carry it).
 fn raises_checked(env: &Env, from: Instant) -> (String, Vec<String>) {
     let mut table = String::from(
-        "| RayCluster | weight | live at (s) | Ray's last answer before (s earlier) | RUNNING replicas then |\n|---|---|---|---|---|\n",
+        "| RayCluster | weight | written at (s) | Ray's last answer before (s earlier) | RUNNING replicas then |\n|---|---|---|---|---|\n",
     );
     let mut problems = Vec::new();
-    let live = env.gateway.live();
-    let mut last: BTreeMap<String, i64> = live
+    let routes = env.gateway.routes();
+    let mut last: BTreeMap<String, i64> = routes
         .iter()
-        .rfind(|c| c.at < from)
+        .rfind(|c| c.seen < from)
         .map(|c| c.weights.clone())
         .unwrap_or_default();
-    for cfg in live.iter().filter(|c| c.at >= from) {
+    for cfg in routes.iter().filter(|c| c.seen >= from) {
         for (cluster, w) in &cfg.weights {
             let before = last.get(cluster).copied().unwrap_or(0);
             if *w > before {
                 let need = replicas_at(REPLICAS, *w as f64);
-                match env.heads.told_before(cluster, cfg.at) {
+                match env.heads.told_before(cluster, cfg.seen) {
                     Some((t, v)) => {
                         let _ = writeln!(
                             table,
                             "| {cluster} | {before}% → {w}% | {:.1} | {:.2} | {} of {need} needed, apps {:?} |",
-                            cfg.at.duration_since(from).as_secs_f64(),
-                            cfg.at.duration_since(t).as_secs_f64(),
+                            cfg.seen.duration_since(from).as_secs_f64(),
+                            cfg.seen.duration_since(t).as_secs_f64(),
                             v.running_replicas(),
                             v.apps.values().collect::<Vec<_>>()
                         );
@@ -523,7 +528,7 @@ fn check_phase(
     problems.extend(raise_problems);
     let _ = write!(
         env.report,
-        "\n## {}\n\n{} requests in {:.1} s ({:.1}/s), {} failed; {}.\n\n### Share of {} responses per data-plane config\n\n{shares}\n### Target capacity vs RUNNING replicas (real Ray)\n\n{capacities}\n### Weight raises\n\n{raises}",
+        "\n## {}\n\n{} requests in {:.1} s ({:.1}/s), {} failed; {}.\n\n### Share of {} responses per version of the route (through Traefik)\n\n{shares}\n### Target capacity vs RUNNING replicas (real Ray)\n\n{capacities}\n### Weight raises\n\n{raises}",
         phase.title,
         responses.len(),
         ran.as_secs_f64(),
@@ -662,10 +667,11 @@ async fn real_ray_serve_upgrade_and_rollback_fail_no_request() {
             .into_iter()
             .map(|v| format!("invariant: {v}")),
     );
-    let nginx_errors = env.gateway.error_log();
-    if !nginx_errors.trim().is_empty() {
-        problems.push(format!("nginx logged errors:\n{nginx_errors}"));
+    let server_errors = env.gateway.server_errors();
+    if !server_errors.is_empty() {
+        problems.push(format!("Traefik answered 5xx, by backend: {server_errors:?}"));
     }
+
     problems.extend(env.heads.failures());
     let head_start: Vec<String> = [&first, &second, &third]
         .iter()
@@ -689,7 +695,15 @@ async fn real_ray_serve_upgrade_and_rollback_fail_no_request() {
         memory.peak(),
         memory.peak().saturating_sub(memory.baseline_mib),
     );
-    let report = format!("{summary}{}", env.report);
+    let traefik_errors = env.gateway.errors();
+    let report = format!(
+        "{summary}Traefik {} logged {} errors (transient ones, such as a new serve Service whose EndpointSlice \
+         did not exist yet, are expected; failed requests are what counts):\n{}\n{}",
+        traefik::VERSION,
+        traefik_errors.len(),
+        traefik_errors.join("\n"),
+        env.report
+    );
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ray-serve-e2e-report.md");
     std::fs::write(&path, &report).unwrap();
     println!("{report}\n(report written to {})", path.display());
@@ -710,13 +724,13 @@ async fn real_dashboard_through_the_apiserver_service_proxy() {
     let view = env.heads.view(&first).await.expect("the head answers");
     assert_eq!(view.target_capacity, Some(100.0), "{view:?}");
     assert_eq!(view.running_replicas(), REPLICAS, "{view:?}");
-    let body = reqwest::get(env.gateway.url())
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert_eq!(body.trim(), "v1");
+    // Traefik writes the route's status as it builds its configuration, and serves it a moment later.
+    let url = env.gateway.url();
+    env.eventually("v1 answering through Traefik", 30, || async {
+        let body = reqwest::get(&url).await.ok()?.text().await.ok()?;
+        (body.trim() == "v1").then_some(())
+    })
+    .await;
     assert!(
         env.heads.answers().is_empty(),
         "the controller used the URL template: {:?}",

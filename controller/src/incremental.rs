@@ -132,6 +132,7 @@ async fn observe(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<Observatio
             spec_digest: c.annotations().get(SPEC_HASH_ANNOTATION).cloned(),
             reachable: serve.is_some(),
             capacity_verified: serve.is_some_and(|s| s.capacity_verified(capacity)),
+            serve_capacity: serve.and_then(|s| s.target_capacity).map(|c| c.round() as i32),
         })
     };
     let both = p.active.is_some() && p.pending.is_some();

@@ -12,5 +12,6 @@ pub mod local_routes;
 pub mod observer;
 pub mod ray;
 pub mod status;
+pub mod traefik;
 pub mod wait;
 pub mod webhook;

@@ -44,6 +44,8 @@ pub struct ClusterSeen {
     pub reachable: bool,
     /// Serve runs the replicas that the cluster's target capacity in the status implies, all RUNNING.
     pub capacity_verified: bool,
+    /// The `target_capacity` Serve reported, when its dashboard answered and one was set.
+    pub serve_capacity: Option<i32>,
 }
 
 /// What the controller observed this pass.
@@ -151,6 +153,15 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
         return d;
     };
     let observed = steer(&mut d, seen, pending, s, now);
+    if restore_capacity(
+        &mut d,
+        [(Role::Active, active), (Role::Pending, pending)],
+        &observed,
+        s,
+        now,
+    ) {
+        return d;
+    }
     let action = next_action(&s.options, &observed);
     if let Action::Wait { until, reason } = action {
         wait(&mut d, &observed, s, until, reason);
@@ -186,6 +197,57 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
     // Act again at once: the next decision needs fresh observations.
     d.wake = Some(now + SignedDuration::from_millis(20));
     d
+}
+
+/// Serve runs another `target_capacity` than the status records: a pass applied it but its status write was
+/// lost (a spec edit in between makes the write conflict), or someone else set it. The status is the plan
+/// every invariant was checked on, so Serve is set back to it before anything else moves; otherwise the
+/// upgrade would wait forever for a capacity nobody sets. Not right after a change (Serve may still
+/// report the old value for a moment).
+fn restore_capacity(
+    d: &mut StepDecision,
+    sides: [(Role, &ClusterSeen); 2],
+    o: &Observed,
+    s: &Settings,
+    now: Timestamp,
+) -> bool {
+    let settled = d
+        .status
+        .progress
+        .last_progress_time
+        .is_none_or(|t| t + s.serve_poll <= now);
+    if !settled {
+        return false;
+    }
+    for (role, cluster) in sides {
+        let recorded = match role {
+            Role::Active => o.active.capacity,
+            Role::Pending => o.pending.capacity,
+        };
+        let Some(running) = cluster
+            .serve_capacity
+            .filter(|c| cluster.reachable && *c != recorded)
+        else {
+            continue;
+        };
+        d.effect = Some(Effect::TargetCapacity {
+            role,
+            cluster: cluster.name.clone(),
+            percent: recorded,
+        });
+        d.tallies.push(Tally::CapacityChange(role));
+        let note = format!(
+            "Serve of {} RayCluster {}/{} ran target_capacity {running}%, the upgrade's record says {recorded}%: set it back to {recorded}%",
+            role.as_str(),
+            s.namespace,
+            cluster.name
+        );
+        d.notices
+            .push(Notice::warning("RestoredServeTargetCapacity", "Update", note));
+        d.wake = Some(now + SignedDuration::from_millis(20));
+        return true;
+    }
+    false
 }
 
 /// Fresh sides start where KubeRay starts them: a first cluster at full capacity, a new pending one at 0.

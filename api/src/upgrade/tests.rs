@@ -456,6 +456,8 @@ enum World {
     Control(crate::upgrade_control::Control),
     /// The spec is edited away from the pending cluster's (or back to it).
     SpecMatchesPending(bool),
+    /// The next pass's effect reaches Serve but its status write is lost (a conflict).
+    StatusLost,
 }
 
 fn world() -> impl Strategy<Value = World> {
@@ -471,6 +473,7 @@ fn world() -> impl Strategy<Value = World> {
         1 => prop_oneof![Just(Control::Run), Just(Control::Pause), Just(Control::Promote), Just(Control::Abort)]
             .prop_map(World::Control),
         1 => any::<bool>().prop_map(World::SpecMatchesPending),
+        1 => Just(World::StatusLost),
     ]
 }
 
@@ -503,7 +506,9 @@ proptest! {
     /// any moment): the invariants hold after every pass, no traffic moves onto unverified capacity or
     /// before it is due (unless promoted), nothing moves while paused, every traffic step is its own event,
     /// an abort sticks until the rollback finishes, and every upgrade completes or rolls back once the
-    /// world settles.
+    /// world settles, also when a pass's status write was lost after its effect reached Serve (Serve's own
+    /// `target_capacity` is modelled: once the world settles, capacity is verified only where Serve runs
+    /// what the status records).
     #[test]
     fn the_whole_decision_keeps_invariants_and_terminates(
         opts in options(),
@@ -529,6 +534,7 @@ proptest! {
             spec_digest: Some(digest.into()),
             reachable: false,
             capacity_verified: false,
+            serve_capacity: None,
         };
         let mut seen = Observation {
             active: Some(ClusterSeen { reachable: true, ..cluster("a", "old") }),
@@ -539,6 +545,9 @@ proptest! {
         let mut aborted = false;
         let mut outcome = None;
         let mut wake = now;
+        // Serve's target_capacity on `a` and `p`; whether the next status write is lost.
+        let mut serve = [100, 0];
+        let mut lose_status = false;
         for _ in 0..20_000 {
             let (a, p) = (seen.active.as_mut().unwrap(), seen.pending.as_mut().unwrap());
             match script.next() {
@@ -550,9 +559,12 @@ proptest! {
                 Some(World::RouteReady(r)) => seen.route_ready = r,
                 Some(World::Control(c)) => settings.control = c,
                 Some(World::SpecMatchesPending(g)) => settings.goal_digest = if g { "goal" } else { "newer" }.into(),
+                Some(World::StatusLost) => lose_status = true,
                 None => {
+                    let recorded = levels_of(&status);
+                    a.capacity_verified = serve[0] == recorded.active.capacity;
+                    p.capacity_verified = serve[1] == recorded.pending.capacity;
                     for c in [a, p] {
-                        c.capacity_verified = true;
                         c.reachable = true;
                     }
                     seen.route_ready = true;
@@ -561,10 +573,20 @@ proptest! {
                     now = wake.max(now);
                 }
             }
+            for (c, level) in [(&mut seen.active, serve[0]), (&mut seen.pending, serve[1])] {
+                let c = c.as_mut().unwrap();
+                c.serve_capacity = c.reachable.then_some(level);
+            }
             let before = levels_of(&status);
             let last_step = decide::last_step_time(&status);
             let d = decide(&seen, &status, &settings, now);
-            aborted |= d.status.progress.upgrade_abort.is_some();
+            if let Some(Effect::TargetCapacity { cluster, percent, .. }) = &d.effect {
+                serve[usize::from(cluster == "p")] = *percent;
+            }
+            let kept = !std::mem::take(&mut lose_status);
+            if kept {
+                aborted |= d.status.progress.upgrade_abort.is_some();
+            }
             prop_assert!(!aborted || d.status.progress.upgrade_abort.is_some() || d.status.pending_service_status.is_none(), "an abort sticks");
             prop_assert!(d.wake.is_some_and(|w| w > now), "every pass says when to look again");
             wake = d.wake.unwrap_or(now);
@@ -580,7 +602,9 @@ proptest! {
                 outcome = Some(*result);
                 break;
             }
-            status = d.status;
+            if kept {
+                status = d.status;
+            }
             let after = levels_of(&status);
             let (a, p) = (seen.active.as_ref().unwrap(), seen.pending.as_ref().unwrap());
             // Deliberate: in a rollback, a pending cluster whose Serve cannot be reached counts with the
@@ -633,6 +657,7 @@ fn both_ready() -> decide::Observation {
         spec_digest: Some(digest.into()),
         reachable: true,
         capacity_verified: true,
+        serve_capacity: None,
     };
     decide::Observation {
         active: Some(seen("a", "old")),
@@ -723,4 +748,85 @@ fn a_decided_pass_carries_its_events_conditions_and_wake() {
         ("False".into(), "WaitingForActiveCapacity".into())
     );
     assert_eq!(blocked.wake, Some(t(106)));
+}
+
+/// The real-Ray test found it: a pass lowered the active cluster's capacity, its status write conflicted
+/// with the user's spec revert, and the rollback then waited forever for the active cluster to run the
+/// capacity the status still recorded (nobody set it back). Serve is set back to the record, and the
+/// rollback finishes.
+#[test]
+fn a_lost_status_write_before_a_rollback_does_not_stall_it() {
+    use crate::upgrade_control::Control;
+    use decide::{Effect, Tally, UpgradeResult};
+    let mut settings = decide_settings(Control::Run);
+    let mut seen = both_ready();
+    let mut status = upgrade_status();
+    // Serve's target_capacity on `a` and `p`.
+    let mut serve = [100, 0];
+    let mut now = t(100);
+    let observe = |seen: &mut decide::Observation, status: &crate::RayServiceStatuses, serve: [i32; 2]| {
+        let recorded = levels_of(status);
+        let (a, p) = (seen.active.as_mut().unwrap(), seen.pending.as_mut().unwrap());
+        (a.serve_capacity, p.serve_capacity) = (Some(serve[0]), Some(serve[1]));
+        a.capacity_verified = serve[0] == recorded.active.capacity;
+        p.capacity_verified = serve[1] == recorded.pending.capacity;
+    };
+    // Run forward until a pass lowers the active cluster's capacity; that pass's status is lost.
+    loop {
+        observe(&mut seen, &status, serve);
+        let d = decide(&seen, &status, &settings, now);
+        now = d.wake.unwrap();
+        match d.effect {
+            Some(Effect::TargetCapacity {
+                role: Role::Active,
+                percent,
+                ..
+            }) if percent < 100 => {
+                serve[0] = percent;
+                break;
+            }
+            Some(Effect::TargetCapacity { cluster, percent, .. }) => {
+                serve[usize::from(cluster == "p")] = percent;
+            }
+            _ => {}
+        }
+        status = d.status;
+        assert!(
+            now < t(10_000),
+            "the forward upgrade never lowered the active capacity"
+        );
+    }
+    // The spec is reverted: roll back.
+    settings.goal_digest = "reverted".into();
+    let mut restored = false;
+    for _ in 0..200 {
+        observe(&mut seen, &status, serve);
+        let d = decide(&seen, &status, &settings, now);
+        restored |= d
+            .notices
+            .iter()
+            .any(|n| n.reason == "RestoredServeTargetCapacity");
+        if let Some(Effect::TargetCapacity { cluster, percent, .. }) = &d.effect {
+            serve[usize::from(cluster == "p")] = *percent;
+        }
+        if d.tallies.iter().any(|t| {
+            matches!(
+                t,
+                Tally::Finished {
+                    result: UpgradeResult::RolledBack,
+                    ..
+                }
+            )
+        }) {
+            assert!(restored, "finished without setting Serve back");
+            assert_eq!(serve[0], 100, "the active cluster runs at full capacity");
+            return;
+        }
+        now = d.wake.unwrap();
+        status = d.status;
+    }
+    panic!(
+        "the rollback stalled: Serve runs {serve:?}, the status records {:?}",
+        levels_of(&status)
+    );
 }

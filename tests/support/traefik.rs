@@ -1,0 +1,219 @@
+//! Traefik, a real Gateway API implementation, as the tests' Gateway controller and data plane
+//! (`tests/env/traefik.sh`): it accepts the namespace's Gateways and HTTPRoutes (writing their status itself),
+//! resolves every backendRef to the ready EndpointSlice addresses of its Service, and balances the route's
+//! weights round robin. It listens on a loopback address of its own, port 80 (rayshift's Gateway listener).
+//!
+//! Test code only watches: the route's weights as the apiserver had them, and when Traefik accepted each
+//! generation, so a test can tell which split the data plane was asked to carry when.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    process::Command,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Instant,
+};
+
+use futures::StreamExt;
+use gateway_api::httproutes::HttpRoute;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+
+use super::cluster::{ControlPlane, repo};
+
+/// Traefik's Gateway API controller name.
+pub const CONTROLLER: &str = "traefik.io/gateway-controller";
+/// The version `tests/env/traefik.sh` pins.
+pub const VERSION: &str = "3.7.15";
+/// The GatewayClass the tests' RayServices name.
+pub const CLASS: &str = "traefik";
+
+/// One version of the route's weights: when the apiserver had it, and when Traefik accepted it.
+#[derive(Clone, Debug)]
+pub struct RouteWeights {
+    pub generation: i64,
+    /// When the watch saw this generation (the data plane cannot carry it earlier).
+    pub seen: Instant,
+    /// When the watch saw Traefik's status for it (Traefik writes it as it builds the configuration).
+    pub accepted: Option<Instant>,
+    /// Weight per RayCluster (from the `<cluster>-serve-svc` backendRefs).
+    pub weights: BTreeMap<String, i64>,
+}
+
+pub struct TraefikGateway {
+    pub address: String,
+    dir: PathBuf,
+    routes: Arc<Mutex<Vec<RouteWeights>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn script() -> PathBuf {
+    repo().join("tests/env/traefik.sh")
+}
+
+/// A loopback address no other Traefik of this machine's test runs uses.
+fn loopback_address() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("127.77.{}.{}", std::process::id() % 250, n % 250 + 1)
+}
+
+impl TraefikGateway {
+    /// Starts Traefik for `ns` of this control plane (and its GatewayClass, once per control plane).
+    pub async fn start(cp: &ControlPlane, client: Client, ns: &str) -> Self {
+        cp.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+                    "metadata": {"name": CLASS}, "spec": {"controllerName": CONTROLLER}})
+            .to_string(),
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("rayshift-traefik-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        let address = loopback_address();
+        let out = Command::new("bash")
+            .arg(script())
+            .args([
+                "start",
+                &dir.to_string_lossy(),
+                &cp.kubeconfig.to_string_lossy(),
+                ns,
+                &address,
+            ])
+            .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
+            .output()
+            .expect("run traefik.sh");
+        assert!(
+            out.status.success(),
+            "traefik did not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let routes = Arc::new(Mutex::new(Vec::new()));
+        let task = tokio::spawn(follow(Api::namespaced(client, ns), routes.clone()));
+        TraefikGateway {
+            address,
+            dir,
+            routes,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.address)
+    }
+
+    /// Every version of the route's weights, in order.
+    pub fn routes(&self) -> Vec<RouteWeights> {
+        self.routes.lock().unwrap().clone()
+    }
+
+    /// The last weights Traefik accepted.
+    pub fn accepted(&self) -> Option<RouteWeights> {
+        self.routes().into_iter().rfind(|r| r.accepted.is_some())
+    }
+
+    /// Traefik's own log lines at level error (or worse).
+    pub fn errors(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("traefik.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .is_ok_and(|v| matches!(v["level"].as_str(), Some("error" | "fatal" | "panic")))
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Requests Traefik answered with a 5xx itself or passed on from a backend, by backend service.
+    pub fn server_errors(&self) -> BTreeMap<String, usize> {
+        let mut by_service = BTreeMap::new();
+        for line in std::fs::read_to_string(self.dir.join("access.log"))
+            .unwrap_or_default()
+            .lines()
+        {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if v["DownstreamStatus"].as_u64().is_some_and(|s| s >= 500) {
+                let service = v["ServiceName"].as_str().unwrap_or("(none)").to_string();
+                *by_service.entry(service).or_default() += 1;
+            }
+        }
+        by_service
+    }
+
+    /// Stops Traefik (a Gateway controller that is down: nothing accepts new generations).
+    pub fn stop(&self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .args(["stop", &self.dir.to_string_lossy()])
+            .output();
+    }
+}
+
+impl Drop for TraefikGateway {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn weights(route: &HttpRoute) -> BTreeMap<String, i64> {
+    route
+        .spec
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|r| r.backend_refs.iter().flatten())
+        .filter_map(|b| {
+            let cluster = b.name.strip_suffix("-serve-svc")?;
+            Some((cluster.to_string(), i64::from(b.weight.unwrap_or(1))))
+        })
+        .collect()
+}
+
+fn accepted_by_traefik(route: &HttpRoute) -> bool {
+    let g = route.metadata.generation;
+    route.status.as_ref().is_some_and(|s| {
+        s.parents.iter().any(|p| {
+            p.controller_name == CONTROLLER
+                && p.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Accepted" && c.status == "True" && c.observed_generation == g)
+        })
+    })
+}
+
+async fn follow(routes: Api<HttpRoute>, seen: Arc<Mutex<Vec<RouteWeights>>>) {
+    let mut events = watcher(routes, watcher::Config::default())
+        .applied_objects()
+        .boxed();
+    while let Some(event) = events.next().await {
+        let Ok(route) = event else { continue };
+        let generation = route.metadata.generation.unwrap_or_default();
+        let now = Instant::now();
+        let mut seen = seen.lock().unwrap();
+        if seen.last().is_none_or(|r| r.generation != generation) {
+            seen.push(RouteWeights {
+                generation,
+                seen: now,
+                accepted: None,
+                weights: weights(&route),
+            });
+        }
+        let last = seen.last_mut().expect("pushed above");
+        if last.accepted.is_none() && accepted_by_traefik(&route) {
+            last.accepted = Some(now);
+        }
+    }
+}
