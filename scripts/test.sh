@@ -36,7 +36,7 @@ bash tests/env/upstream.sh crds gateway-api
 step "the real KubeRay operator and kwok, from their Go modules (built once, cached)"
 bash tests/env/kuberay.sh install
 
-step "real Ray Serve test: ray[serve] venv, nginx, iproute2 (installed once, cached)"
+step "real Ray Serve test: ray[serve] venv, iproute2 (installed once, cached)"
 bash tests/env/ray.sh install
 ray_venv=$(bash tests/env/ray.sh venv)
 
@@ -53,11 +53,11 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 
-step "no control-plane, webhook, controller, Ray, nginx or Traefik process left behind"
+step "no control-plane, webhook, controller, Ray or Traefik process left behind"
 cache_bin=$(bash tests/env/control-plane.sh bin)
 kuberay_bin=$(bash tests/env/kuberay.sh bin)
 for _ in $(seq 30); do
-  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager|kube-scheduler)|$kuberay_bin/(ray-operator|kwok)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)|$ray_venv/|nginx: master process .*rayshift-nginx-|$traefik_bin " || true)
+  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager|kube-scheduler)|$kuberay_bin/(ray-operator|kwok)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)|$ray_venv/|$traefik_bin " || true)
   netns=$(ip netns list 2>/dev/null | grep -o '^rayshift-[0-9-]*' || true)
   [ -z "$left$netns" ] && break
   sleep 1

@@ -4,7 +4,7 @@
 # addresses, so no Ray traffic leaves this machine's own test hosts and `ray stop` never touches another head.
 #
 #   ray.sh install                     venv with ray[serve]==2.60.0 cached outside the repo, plus the apt
-#                                      packages the real-Ray test needs (python3-venv, iproute2, nginx-light)
+#                                      packages the real-Ray test needs (python3-venv, iproute2, curl)
 #   ray.sh start NAME INDEX APPDIR [ADDRESS]
 #                                      head in netns NAME at 10.250.INDEX.2 (dashboard :8265, Serve :8000), or
 #                                      at ADDRESS (a Pod IP kwok gave the head Pod, in 10.250.128.0/20), joined
@@ -37,7 +37,6 @@ install() {
   local missing=()
   command -v ip >/dev/null || missing+=(iproute2)
   command -v curl >/dev/null || missing+=(curl)
-  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
   python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
   if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq

@@ -1,8 +1,9 @@
 //! A steady HTTP load: `rate` requests per second, open loop (a slow answer never delays the next
 //! request), every response kept with its status, body and latency.
 //!
-//! Each request uses a new connection (`Connection: close` semantics): a client-side keep-alive race with
-//! nginx's graceful reload is nginx's and the client's business, not the upgrade's, and would blur the count.
+//! Each request uses a new connection (`Connection: close` semantics), as many independent clients would: a
+//! client-side keep-alive race with the gateway closing an idle connection is the client's business, not the
+//! upgrade's, and would blur the count.
 
 use std::{
     sync::{Arc, Mutex},
