@@ -18,9 +18,10 @@ use std::{
 };
 
 use futures::StreamExt;
-use gateway_api::httproutes::HttpRoute;
+use gateway_api::{gatewayclasses::GatewayClass, httproutes::HttpRoute};
 use kube::{
     Api, Client,
+    api::PostParams,
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
@@ -67,12 +68,20 @@ fn loopback_address() -> String {
 impl TraefikGateway {
     /// Starts Traefik for `ns` of this control plane (and its GatewayClass, once per control plane).
     pub async fn start(cp: &ControlPlane, client: Client, ns: &str) -> Self {
-        cp.kubectl_stdin(
-            &["apply", "-f", "-"],
-            &json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-                    "metadata": {"name": CLASS}, "spec": {"controllerName": CONTROLLER}})
-            .to_string(),
-        );
+        // Tests start Traefiks side by side: the first creates the class, the others find it.
+        let class: GatewayClass = serde_json::from_value(
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+                   "metadata": {"name": CLASS}, "spec": {"controllerName": CONTROLLER}}),
+        )
+        .unwrap();
+        match Api::<GatewayClass>::all(client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("creating GatewayClass {CLASS}: {e}"),
+        }
         let dir = tempfile::Builder::new()
             .prefix("rayshift-traefik-")
             .tempdir()
