@@ -187,6 +187,14 @@ fn promote_and_target(f: &Facts, d: &mut Decision) {
         // While rolling back, the pending cluster (built from another spec) gets nothing new.
         (_, Some(p)) if f.incremental && f.cluster(p).is_some_and(|c| !f.matches_goal(c)) => Vec::new(),
         (_, Some(p)) => vec![p.clone()],
+        // Rolled back on purpose (abort, deadline): the active cluster keeps its own Serve config, not the
+        // rejected spec's (whose apps it was never meant to run).
+        (Some(a), None)
+            if f.rejected_spec.as_deref() == Some(f.goal.spec.as_str())
+                && f.cluster(a).is_some_and(|c| !f.matches_goal(c)) =>
+        {
+            Vec::new()
+        }
         (Some(a), None) => vec![a.clone()],
         (None, None) => Vec::new(),
     };

@@ -45,6 +45,9 @@ pub struct Pass<'a> {
     pub pending: Option<&'a RayCluster>,
     pub active_serve: Option<&'a ServeStatus>,
     pub pending_serve: Option<&'a ServeStatus>,
+    /// The cluster's serve Service has a ready endpoint (its head, unless excluded).
+    pub active_serving: bool,
+    pub pending_serving: bool,
     pub goal_spec: &'a str,
     pub now: Timestamp,
 }
@@ -118,10 +121,11 @@ fn settings(p: &Pass<'_>) -> Result<Settings> {
     })
 }
 
-/// The clusters as the pure decision needs them: reachable, capacity verified against the status' levels,
-/// and (while both exist) whether the Gateway and route are ready.
+/// The clusters as the pure decision needs them: reachable, capacity verified against the status' levels (and
+/// behind their serve Service: a Gateway has nowhere to send a share without an endpoint, KubeRay #5148), and
+/// (while both exist) whether the Gateway and route are ready.
 async fn observe(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<Observation> {
-    let seen = |cluster: Option<&RayCluster>, serve: Option<&ServeStatus>, role: Role| {
+    let seen = |cluster: Option<&RayCluster>, serve: Option<&ServeStatus>, serving: bool, role: Role| {
         let side = match role {
             Role::Active => status.active_service_status.as_ref(),
             Role::Pending => status.pending_service_status.as_ref(),
@@ -131,14 +135,14 @@ async fn observe(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<Observatio
             name: c.name_any(),
             spec_digest: c.annotations().get(SPEC_HASH_ANNOTATION).cloned(),
             reachable: serve.is_some(),
-            capacity_verified: serve.is_some_and(|s| s.capacity_verified(capacity)),
+            capacity_verified: serving && serve.is_some_and(|s| s.capacity_verified(capacity)),
             serve_capacity: serve.and_then(|s| s.target_capacity).map(|c| c.round() as i32),
         })
     };
     let both = p.active.is_some() && p.pending.is_some();
     Ok(Observation {
-        active: seen(p.active, p.active_serve, Role::Active),
-        pending: seen(p.pending, p.pending_serve, Role::Pending),
+        active: seen(p.active, p.active_serve, p.active_serving, Role::Active),
+        pending: seen(p.pending, p.pending_serve, p.pending_serving, Role::Pending),
         route_ready: both && (p.ctx.options.skip_gateway_status_check || route_ready(p, status).await?),
     })
 }

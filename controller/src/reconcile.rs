@@ -418,6 +418,10 @@ async fn advance_upgrade(
     fn serve(s: Option<&Seen>) -> Option<&ServeStatus> {
         s.filter(|s| s.head_ready).and_then(|s| s.serve.as_ref())
     }
+    // A Gateway sends a cluster's share to its serve Service's ready endpoints: without one, that share fails.
+    let excluded = rs.spec.exclude_head_pod_from_serve_svc == Some(true);
+    let serving =
+        |s: Option<&Seen>| excluded || s.and_then(|s| s.head_pod.as_ref()).is_some_and(in_serve_service);
     let pass = crate::incremental::Pass {
         rs,
         ctx,
@@ -426,6 +430,8 @@ async fn advance_upgrade(
         pending: p.map(|s| &s.cluster),
         active_serve: serve(a),
         pending_serve: serve(p),
+        active_serving: serving(a),
+        pending_serving: serving(p),
         goal_spec: &seen.goal.spec,
         now,
     };
@@ -705,6 +711,20 @@ async fn update_head_serve_label(
     Ok(failing)
 }
 
+/// A Ready Pod carrying the serve label: an endpoint of its cluster's serve Service.
+fn in_serve_service(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod.labels().get(SERVE_LABEL).map(String::as_str) == Some("true")
+        && pod_ready(pod)
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// Serving Pods behind the serve Service (Ready and selected by it).
 async fn serve_endpoints(client: &Client, ns: &str, cluster: &str) -> Result<i32> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -714,13 +734,7 @@ async fn serve_endpoints(client: &Client, ns: &str, cluster: &str) -> Result<i32
     let ready = list
         .items
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
         .count();
     Ok(i32::try_from(ready).unwrap_or(i32::MAX))
 }

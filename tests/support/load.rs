@@ -72,10 +72,10 @@ impl Load {
                             match r.text().await {
                                 Ok(body) if status.is_success() => Outcome::Ok(body),
                                 Ok(body) => Outcome::Status(status.as_u16(), body),
-                                Err(e) => Outcome::Error(e.to_string()),
+                                Err(e) => Outcome::Error(chain(&e)),
                             }
                         }
-                        Err(e) => Outcome::Error(e.to_string()),
+                        Err(e) => Outcome::Error(chain(&e)),
                     };
                     sink.lock().unwrap().push(Response {
                         sent,
@@ -108,4 +108,15 @@ impl Load {
     pub fn responses(&self) -> Vec<Response> {
         self.responses.lock().unwrap().clone()
     }
+}
+
+/// An error with its causes ("error sending request" alone does not say timed out from refused).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
 }

@@ -19,8 +19,9 @@ use std::{
 
 use futures::StreamExt;
 use gateway_api::{gatewayclasses::GatewayClass, httproutes::HttpRoute};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::PostParams,
     runtime::{WatchStreamExt, watcher},
 };
@@ -47,11 +48,20 @@ pub struct RouteWeights {
     pub weights: BTreeMap<String, i64>,
 }
 
+/// How many ready endpoints a Service's EndpointSlices listed, from when the watch saw it.
+#[derive(Clone, Debug)]
+pub struct Endpoints {
+    pub at: Instant,
+    pub service: String,
+    pub ready: usize,
+}
+
 pub struct TraefikGateway {
     pub address: String,
     dir: PathBuf,
     routes: Arc<Mutex<Vec<RouteWeights>>>,
-    task: tokio::task::JoinHandle<()>,
+    endpoints: Arc<Mutex<Vec<Endpoints>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 fn script() -> PathBuf {
@@ -106,12 +116,17 @@ impl TraefikGateway {
             String::from_utf8_lossy(&out.stderr)
         );
         let routes = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn(follow(Api::namespaced(client, ns), routes.clone()));
+        let endpoints = Arc::new(Mutex::new(Vec::new()));
+        let tasks = vec![
+            tokio::spawn(follow(Api::namespaced(client.clone(), ns), routes.clone())),
+            tokio::spawn(count_endpoints(Api::namespaced(client, ns), endpoints.clone())),
+        ];
         TraefikGateway {
             address,
             dir,
             routes,
-            task,
+            endpoints,
+            tasks,
         }
     }
 
@@ -122,6 +137,19 @@ impl TraefikGateway {
     /// Every version of the route's weights, in order.
     pub fn routes(&self) -> Vec<RouteWeights> {
         self.routes.lock().unwrap().clone()
+    }
+
+    /// Every change of a Service's ready endpoint count, in order.
+    pub fn endpoints(&self) -> Vec<Endpoints> {
+        self.endpoints.lock().unwrap().clone()
+    }
+
+    /// The ready endpoints `service` had at `at` (0 before the watch saw any).
+    pub fn ready_at(&self, service: &str, at: Instant) -> usize {
+        self.endpoints()
+            .into_iter()
+            .rfind(|e| e.service == service && e.at <= at)
+            .map_or(0, |e| e.ready)
     }
 
     /// The last weights Traefik accepted.
@@ -171,9 +199,13 @@ impl TraefikGateway {
 
 impl Drop for TraefikGateway {
     fn drop(&mut self) {
-        self.task.abort();
+        self.tasks.iter().for_each(|t| t.abort());
         self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() {
+            eprintln!("Traefik's logs are kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -223,6 +255,46 @@ async fn follow(routes: Api<HttpRoute>, seen: Arc<Mutex<Vec<RouteWeights>>>) {
         let last = seen.last_mut().expect("pushed above");
         if last.accepted.is_none() && accepted_by_traefik(&route) {
             last.accepted = Some(now);
+        }
+    }
+}
+
+/// Ready endpoints per Service, summed over its EndpointSlices, as the watch sees them change.
+async fn count_endpoints(slices: Api<EndpointSlice>, seen: Arc<Mutex<Vec<Endpoints>>>) {
+    let mut per_slice: BTreeMap<String, (String, usize)> = BTreeMap::new();
+    let mut events = watcher(slices, watcher::Config::default()).boxed();
+    while let Some(event) = events.next().await {
+        let (slice, gone) = match event {
+            Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => (s, false),
+            Ok(watcher::Event::Delete(s)) => (s, true),
+            _ => continue,
+        };
+        let Some(service) = slice.labels().get("kubernetes.io/service-name").cloned() else {
+            continue;
+        };
+        let ready = if gone {
+            0
+        } else {
+            slice
+                .endpoints
+                .iter()
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                .count()
+        };
+        per_slice.insert(slice.name_any(), (service.clone(), ready));
+        let total = per_slice
+            .values()
+            .filter(|(s, _)| *s == service)
+            .map(|(_, r)| r)
+            .sum();
+        let mut seen = seen.lock().unwrap();
+        let last = seen.iter().rfind(|e| e.service == service).map(|e| e.ready);
+        if last != Some(total) {
+            seen.push(Endpoints {
+                at: Instant::now(),
+                service,
+                ready: total,
+            });
         }
     }
 }

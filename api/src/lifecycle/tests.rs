@@ -349,4 +349,13 @@ fn a_rejected_spec_is_not_upgraded_to_again() {
     let d = decide(&f);
     assert_eq!(d.pending, None);
     assert!(d.actions.is_empty());
+    // The real-Ray test found it: after an abort the active cluster was given the rejected spec's Serve
+    // config and answered with the aborted version.
+    assert!(d.config_targets.is_empty(), "{:?}", d.config_targets);
+    // A new spec, or the active cluster's own, is served as usual.
+    f.rejected_spec = Some("spec-c".into());
+    assert!(!decide(&f).config_targets.is_empty());
+    f.rejected_spec = Some("spec-b".into());
+    f.goal = goal("a");
+    assert_eq!(decide(&f).config_targets, vec!["rs-1".to_string()]);
 }

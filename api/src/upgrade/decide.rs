@@ -42,7 +42,8 @@ pub struct ClusterSeen {
     pub spec_digest: Option<String>,
     /// Its head is ready and Serve answered: its capacity can be changed.
     pub reachable: bool,
-    /// Serve runs the replicas that the cluster's target capacity in the status implies, all RUNNING.
+    /// Serve runs the replicas that the cluster's target capacity in the status implies, all RUNNING, and
+    /// the cluster's serve Service has a ready endpoint (a Gateway could not send it a share otherwise).
     pub capacity_verified: bool,
     /// The `target_capacity` Serve reported, when its dashboard answered and one was set.
     pub serve_capacity: Option<i32>,
