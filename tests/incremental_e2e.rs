@@ -10,9 +10,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
+use k8s_openapi::api::core::v1::Service;
 use kube::{
-    Api, Client,
-    api::{Patch, PatchParams, PostParams},
+    Api, Client, Resource,
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
 };
 use rayshift_api::{RayCluster, RayService};
 use serde_json::{Value, json};
@@ -29,6 +31,7 @@ struct Env {
     cp: &'static ControlPlane,
     client: Client,
     ns: String,
+    infra: Option<String>,
     dashboard: FakeDashboard,
     _gateway: TraefikGateway,
     controller: Option<ControllerProcess>,
@@ -38,16 +41,27 @@ const GATE: &str = "--feature-gates=RayServiceIncrementalUpgrade=true";
 
 impl Env {
     async fn new(prefix: &str) -> Self {
+        Self::start(prefix, false).await
+    }
+
+    /// With a second namespace, `infra`, where a platform team runs a shared Gateway (Traefik serves both).
+    async fn start(prefix: &str, with_infra: bool) -> Self {
         let cp = control_plane_with_kuberay();
         let client = cp.client().await;
         assert!(cp.crds_established(&client).await);
         let ns = cp.namespace(&client, prefix).await;
+        let infra = match with_infra {
+            true => Some(cp.namespace(&client, "infra").await),
+            false => None,
+        };
         let dashboard = FakeDashboard::start().await;
-        let gateway = TraefikGateway::start(cp, client.clone(), &ns).await;
+        let also: Vec<&str> = infra.iter().map(String::as_str).collect();
+        let gateway = TraefikGateway::start_watching(cp, client.clone(), &ns, &also).await;
         let mut env = Env {
             cp,
             client,
             ns,
+            infra,
             dashboard,
             _gateway: gateway,
             controller: None,
@@ -94,8 +108,10 @@ impl Env {
         support::wait::eventually(what, secs, Duration::from_millis(50), check, || async {
             let logs = self.controller.as_ref().map(|c| c.logs()).unwrap_or_default();
             let status = serde_json::to_string_pretty(&self.get().await.status).unwrap();
+            let routes = Api::<HttpRoute>::namespaced(self.client.clone(), &self.ns).list(&Default::default()).await;
+            let routes: Vec<_> = routes.map(|l| l.items).unwrap_or_default().into_iter().map(|r| (r.metadata.name, r.status)).collect();
             format!(
-                "status: {status}\n--- controller logs ---\n{}\n--- KubeRay ---\n{}",
+                "status: {status}\n--- HTTPRoutes ---\n{routes:#?}\n--- controller logs ---\n{}\n--- KubeRay ---\n{}",
                 support::wait::tail(&logs, 30),
                 self.cp.kuberay_log(15)
             )
@@ -105,7 +121,13 @@ impl Env {
 
     /// Creates the RayService and waits until its first cluster serves all traffic.
     async fn deploy(&self, surge: i32, step: i32, interval: i32) -> String {
-        let rs: RayService = serde_json::from_value(rayservice(surge, step, interval, "ray:1")).unwrap();
+        self.deploy_annotated(surge, step, interval, json!({})).await
+    }
+
+    async fn deploy_annotated(&self, surge: i32, step: i32, interval: i32, annotations: Value) -> String {
+        let mut rs = rayservice(surge, step, interval, "ray:1");
+        rs["metadata"]["annotations"] = annotations;
+        let rs: RayService = serde_json::from_value(rs).unwrap();
         self.rayservices()
             .create(&PostParams::default(), &rs)
             .await
@@ -126,6 +148,23 @@ impl Env {
         self.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head(image)]}}}}}})).await;
         self.eventually("a pending cluster", 30, || async { pending(&self.get().await) })
             .await
+    }
+
+    fn dynamic<K: Resource<DynamicType = ()>>(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, &ApiResource::erase::<K>(&()))
+    }
+
+    /// An object as the apiserver stores it, every field kept.
+    async fn raw<K: Resource<DynamicType = ()>>(&self, ns: &str, name: &str) -> Value {
+        serde_json::to_value(self.dynamic::<K>(ns).get(name).await.unwrap()).unwrap()
+    }
+
+    async fn create_raw<K: Resource<DynamicType = ()>>(&self, ns: &str, body: Value) {
+        let object: DynamicObject = serde_json::from_value(body).unwrap();
+        self.dynamic::<K>(ns)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
     }
 
     async fn levels(&self) -> ((i32, i32), (i32, i32)) {
@@ -601,6 +640,180 @@ async fn progress_deadline_rolls_back() {
     .await;
     assert!(env.events().await.iter().any(|e| e == "ProgressDeadlineExceeded"));
     assert_eq!(env.upgrades("rolled_back"), 1.0);
+}
+
+/// Everything of an object its authors wrote: not status, resourceVersion or managedFields (Traefik writes
+/// status), as the apiserver stores it.
+fn authored(object: &Value) -> String {
+    let mut object = object.clone();
+    object.as_object_mut().unwrap().remove("status");
+    let metadata = object["metadata"].as_object_mut().unwrap();
+    metadata.remove("resourceVersion");
+    metadata.remove("managedFields");
+    serde_json::to_string(&object).unwrap()
+}
+
+fn managers(object: &Value) -> Vec<String> {
+    object["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| f["manager"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_gateway_in_another_namespace_carries_the_upgrade_untouched() {
+    let env = Env::start("shared", true).await;
+    let infra = env.infra.clone().unwrap();
+    env.create_raw::<Gateway>(&infra, json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "edge", "labels": {"team": "platform"}, "annotations": {"owner": "platform"}},
+        "spec": {"gatewayClassName": traefik::CLASS, "listeners": [{"name": "web", "protocol": "HTTP", "port": 80,
+            "allowedRoutes": {"namespaces": {"from": "All"}}}]}
+    }))
+    .await;
+    let before = env.raw::<Gateway>(&infra, "edge").await;
+    let annotations =
+        json!({"rayshift.io/gateway": format!("{infra}/edge"), "rayshift.io/gateway-listener": "web"});
+    env.deploy_annotated(50, 25, 1, annotations).await;
+    let observer = env.observe(50);
+    let new = env.upgrade_to("ray:2").await;
+    env.promoted_to(&new, 90).await;
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    assert_eq!(
+        observer.raises(&new).len(),
+        4,
+        "25% steps through the shared Gateway"
+    );
+    let route = env.raw::<HttpRoute>(&env.ns, "llm-httproute").await;
+    assert_eq!(
+        route["spec"]["parentRefs"],
+        json!([{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "edge", "namespace": infra, "sectionName": "web"}])
+    );
+    let accepted = route["status"]["parents"].as_array().unwrap().iter().any(|p| {
+        p["parentRef"]["namespace"] == infra.as_str()
+            && p["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["type"] == "Accepted" && c["status"] == "True")
+    });
+    assert!(
+        accepted,
+        "Traefik accepted the route on the shared Gateway: {route:#}"
+    );
+    let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &env.ns);
+    assert!(
+        gateways.get_opt("llm-gateway").await.unwrap().is_none(),
+        "no Gateway of its own"
+    );
+    let after = env.raw::<Gateway>(&infra, "edge").await;
+    assert_eq!(
+        authored(&after),
+        authored(&before),
+        "the shared Gateway is unchanged"
+    );
+    assert!(
+        !managers(&after).iter().any(|m| m.contains("rayshift")),
+        "{:?}",
+        managers(&after)
+    );
+}
+
+/// The user's route with a rule of its own (`docs`) before the one rayshift manages (`serve`).
+fn user_route() -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "public", "labels": {"app": "shop"}, "annotations": {"owner": "team-x"}},
+        "spec": {
+            "hostnames": ["shop.example.com"],
+            "parentRefs": [{"name": "public", "sectionName": "web"}],
+            "rules": [
+                {"name": "docs", "matches": [{"path": {"type": "PathPrefix", "value": "/docs"}}],
+                 "backendRefs": [{"name": "docs", "port": 80}]},
+                {"name": "serve", "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                 "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "x-served-by", "value": "ray"}]}}]}
+            ]
+        }
+    })
+}
+
+/// The route without what rayshift may change: the managed rule's backendRefs (and so the generation).
+fn without_managed_backends(route: &Value) -> String {
+    let mut route = route.clone();
+    route["spec"]["rules"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("backendRefs");
+    route["metadata"].as_object_mut().unwrap().remove("generation");
+    authored(&route)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_route_keeps_everything_but_the_backends_rayshift_manages() {
+    let env = Env::new("adopt").await;
+    let ns = env.ns.clone();
+    env.create_raw::<Gateway>(&ns, json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "public"},
+        "spec": {"gatewayClassName": traefik::CLASS, "listeners": [{"name": "web", "protocol": "HTTP", "port": 80}]}
+    }))
+    .await;
+    env.create_raw::<Service>(
+        &ns,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "docs"},
+        "spec": {"selector": {"app": "docs"}, "ports": [{"port": 80}]}}),
+    )
+    .await;
+    env.create_raw::<HttpRoute>(&ns, user_route()).await;
+    let before = env.raw::<HttpRoute>(&ns, "public").await;
+    let annotations = json!({"rayshift.io/http-route": "public", "rayshift.io/http-route-rule": "serve"});
+    env.deploy_annotated(50, 25, 1, annotations).await;
+    let observer = Observer::start_on(
+        env.client.clone(),
+        &ns,
+        "llm",
+        "public",
+        50,
+        env.dashboard.serving(&ns),
+    );
+    let new = env.upgrade_to("ray:2").await;
+    env.promoted_to(&new, 90).await;
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    assert_eq!(observer.raises(&new).len(), 4, "25% steps on the adopted rule");
+    let after = env.raw::<HttpRoute>(&ns, "public").await;
+    assert_eq!(
+        after["spec"]["rules"][1]["backendRefs"],
+        json!([{"group": "", "kind": "Service", "name": format!("{new}-serve-svc"), "namespace": ns, "port": 8000, "weight": 100}])
+    );
+    assert_eq!(
+        without_managed_backends(&after),
+        without_managed_backends(&before),
+        "the rest of the route is unchanged"
+    );
+    let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &ns);
+    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &ns);
+    assert!(gateways.get_opt("llm-gateway").await.unwrap().is_none());
+    assert!(routes.get_opt("llm-httproute").await.unwrap().is_none());
+    env.rayservices()
+        .delete("llm", &Default::default())
+        .await
+        .unwrap();
+    env.eventually("the RayService gone", 60, || async {
+        env.rayservices()
+            .get_opt("llm")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let kept = env.raw::<HttpRoute>(&ns, "public").await;
+    assert_eq!(
+        without_managed_backends(&kept),
+        without_managed_backends(&before),
+        "the route outlives the RayService"
+    );
 }
 
 /// How late each traffic step of `cluster` landed after it was due: at `last step + interval` or when the

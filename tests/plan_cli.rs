@@ -116,6 +116,51 @@ fn plan_without_step_size_is_an_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("stepSizePercent"));
 }
 
+/// The seed sample with `annotations` (YAML lines, indented for `metadata:`).
+fn seed_with_annotations(dir: &Path, annotations: &str) -> String {
+    let f = dir.join("rs.yaml");
+    let text = fs::read_to_string(sample("rayservice-seed-example.yaml"))
+        .unwrap()
+        .replacen(
+            "metadata:\n",
+            &format!("metadata:\n  annotations:\n{annotations}"),
+            1,
+        );
+    fs::write(&f, text).unwrap();
+    f.to_string_lossy().into_owned()
+}
+
+#[test]
+fn plan_says_where_traffic_enters() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = rayshift(&["plan", "-f", &sample("rayservice-seed-example.yaml")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("traffic enters through: Gateway "), "{text}");
+    let shared = seed_with_annotations(
+        dir.path(),
+        "    rayshift.io/gateway: infra/edge\n    rayshift.io/gateway-listener: web\n",
+    );
+    let out = rayshift(&["plan", "-f", &shared, "-o", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let entry = plan["traffic_entry"].as_str().unwrap();
+    assert!(
+        entry.contains("shared Gateway infra/edge, listener web"),
+        "{entry}"
+    );
+    let both = seed_with_annotations(
+        dir.path(),
+        "    rayshift.io/gateway: edge\n    rayshift.io/http-route: public\n",
+    );
+    let out = rayshift(&["plan", "-f", &both]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("metadata.annotations[rayshift.io/http-route]"),
+        "{err}"
+    );
+}
+
 /// Every schema node with its path and type.
 fn schema_types(node: &Value, path: String, out: &mut std::collections::BTreeMap<String, String>) {
     let ty = node.get("type").and_then(Value::as_str).unwrap_or("").to_string();

@@ -9,6 +9,7 @@ pub mod defaulting;
 pub mod documents;
 pub mod error;
 pub mod feature_gates;
+pub mod gateway_attachment;
 pub mod lifecycle;
 pub mod observed;
 pub mod progress;

@@ -12,6 +12,7 @@ use kube::ResourceExt;
 use rayshift_api::{
     RayCluster, RayService,
     cluster_spec::{NUM_WORKER_GROUPS_ANNOTATION, SCALE_HASH_ANNOTATION, SPEC_HASH_ANNOTATION, SpecDigests},
+    gateway_attachment::Attachment,
 };
 use serde_json::{Map, Value, json};
 
@@ -300,26 +301,83 @@ pub fn gateway(rs: &RayService, ns: &str) -> Gateway {
     .expect("a well-formed Gateway")
 }
 
-/// The RayService's HTTPRoute with one weighted backend per `(cluster, weight)`.
-pub fn http_route(rs: &RayService, ns: &str, weights: &[(String, i32)]) -> HttpRoute {
-    let name = rs.metadata.name.clone().unwrap_or_default();
+/// The weighted backends of a route, one per `(cluster, weight)`, each through the cluster's serve Service.
+pub fn backend_refs(rs: &RayService, ns: &str, weights: &[(String, i32)]) -> Value {
     let port = serve_port(rs);
-    let backends: Vec<Value> = weights
+    weights
         .iter()
         .map(|(cluster, weight)| {
             json!({"group": "", "kind": "Service", "name": cluster_serve_service_name(cluster), "namespace": ns,
                    "port": port, "weight": weight})
         })
-        .collect();
+        .collect()
+}
+
+/// The Gateway (and listener) rayshift's own route attaches to: its own, or a shared one.
+pub fn route_parent(rs: &RayService, ns: &str, attachment: &Attachment) -> Value {
+    let name = rs.metadata.name.clone().unwrap_or_default();
+    let mut parent = json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway_name(&name), "namespace": ns});
+    if let Attachment::SharedGateway(gw) = attachment {
+        parent["name"] = json!(gw.name);
+        parent["namespace"] = json!(gw.namespace);
+        if let Some(listener) = &gw.listener {
+            parent["sectionName"] = json!(listener);
+        }
+    }
+    parent
+}
+
+/// The RayService's own HTTPRoute with one weighted backend per `(cluster, weight)`.
+pub fn http_route(
+    rs: &RayService,
+    ns: &str,
+    attachment: &Attachment,
+    weights: &[(String, i32)],
+) -> HttpRoute {
+    let name = rs.metadata.name.clone().unwrap_or_default();
     serde_json::from_value(json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
         "metadata": {"name": route_name(&name), "namespace": ns, "ownerReferences": [owner_reference(rs)]},
         "spec": {
-            "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway_name(&name), "namespace": ns}],
-            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backends}]
+            "parentRefs": [route_parent(rs, ns, attachment)],
+            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": backend_refs(rs, ns, weights)}]
         }
     }))
     .expect("a well-formed HTTPRoute")
+}
+
+/// The index of the rule rayshift manages in an adopted route: the one named, else the first.
+pub fn adopted_rule_index(route: &Value, rule: Option<&str>) -> Option<usize> {
+    let rules = route["spec"]["rules"].as_array()?;
+    match rule {
+        Some(name) => rules.iter().position(|r| r["name"] == name),
+        None => (!rules.is_empty()).then_some(0),
+    }
+}
+
+/// A JSON patch that sets only the managed rule's backendRefs of an adopted route, or `None` when they are
+/// already `backends`. The route's `rules` list is atomic in the upstream CRD, so server-side apply could
+/// only own all of it; this patch instead touches one field and fails (409/422) if the route or the
+/// rule's place changed since it was read.
+pub fn adopted_route_patch(
+    route: &Value,
+    index: usize,
+    rule: Option<&str>,
+    backends: &Value,
+) -> Option<json_patch::Patch> {
+    let current = &route["spec"]["rules"][index]["backendRefs"];
+    if current == backends {
+        return None;
+    }
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": route["metadata"]["resourceVersion"]}),
+    ];
+    if let Some(name) = rule {
+        ops.push(json!({"op": "test", "path": format!("/spec/rules/{index}/name"), "value": name}));
+    }
+    let op = if current.is_null() { "add" } else { "replace" };
+    ops.push(json!({"op": op, "path": format!("/spec/rules/{index}/backendRefs"), "value": backends}));
+    Some(serde_json::from_value(Value::Array(ops)).expect("well-formed JSON patch operations"))
 }
 
 #[cfg(test)]
@@ -396,5 +454,46 @@ mod tests {
         let (_, db) = stamp(json!({"metadata": {}, "spec": 2}));
         assert_ne!(da, db);
         assert_eq!(a["metadata"]["annotations"][APPLIED_ANNOTATION], da);
+    }
+
+    fn user_route() -> Value {
+        json!({"metadata": {"resourceVersion": "7"}, "spec": {"rules": [
+            {"name": "docs", "backendRefs": [{"name": "docs", "port": 80}]},
+            {"name": "serve", "filters": [{"type": "RequestHeaderModifier"}]}
+        ]}})
+    }
+
+    #[test]
+    fn an_adopted_rule_is_found_by_name_or_is_the_first() {
+        let route = user_route();
+        assert_eq!(adopted_rule_index(&route, Some("serve")), Some(1));
+        assert_eq!(adopted_rule_index(&route, None), Some(0));
+        assert_eq!(adopted_rule_index(&route, Some("nope")), None);
+        assert_eq!(adopted_rule_index(&json!({"spec": {"rules": []}}), None), None);
+    }
+
+    #[test]
+    fn the_adopted_patch_touches_only_the_rules_backends_and_tests_first() {
+        let mut route = user_route();
+        let backends = json!([{"name": "llm-a-serve-svc", "weight": 100}]);
+        let patch = adopted_route_patch(&route, 1, Some("serve"), &backends).unwrap();
+        let ops = serde_json::to_value(&patch).unwrap();
+        assert_eq!(
+            ops,
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+                {"op": "test", "path": "/spec/rules/1/name", "value": "serve"},
+                {"op": "add", "path": "/spec/rules/1/backendRefs", "value": backends}
+            ])
+        );
+        let before = route.clone();
+        json_patch::patch(&mut route, &patch).unwrap();
+        assert_eq!(route["spec"]["rules"][0], before["spec"]["rules"][0]);
+        assert_eq!(route["spec"]["rules"][1]["filters"], before["spec"]["rules"][1]["filters"]);
+        assert_eq!(adopted_route_patch(&route, 1, Some("serve"), &backends), None, "nothing to do");
+        let moved = json!([{"name": "llm-a-serve-svc", "weight": 50}, {"name": "llm-b-serve-svc", "weight": 50}]);
+        let ops = serde_json::to_value(adopted_route_patch(&route, 1, None, &moved).unwrap()).unwrap();
+        assert_eq!(ops[1]["op"], "replace");
+        assert_eq!(ops.as_array().unwrap().len(), 2, "no rule-name test without a name");
     }
 }

@@ -119,6 +119,9 @@ pub struct Caches {
     /// Filled only where the Gateway API is served.
     pub gateways: reflector::Store<gateway_api::gateways::Gateway>,
     pub routes: reflector::Store<gateway_api::httproutes::HttpRoute>,
+    /// The namespace the watches are limited to (`--namespace`); objects elsewhere (a shared Gateway) are
+    /// read from the apiserver.
+    pub namespace: Option<String>,
 }
 
 impl Caches {
@@ -128,6 +131,9 @@ impl Caches {
     where
         K: Resource<DynamicType = ()> + Clone + 'static,
     {
+        if self.namespace.as_deref().is_some_and(|scope| scope != ns) {
+            return None;
+        }
         let stores: [&dyn std::any::Any; 3] = [&self.services, &self.gateways, &self.routes];
         let store = stores
             .into_iter()

@@ -40,6 +40,12 @@ pub enum Error {
     UnusableUpgradeOptions,
     #[error("the Serve config RayCluster {cluster} runs is unknown (no rayshift.io/serve-config annotation)")]
     UnknownServeConfig { cluster: String },
+    #[error("gateway annotations: {0} (admission denies these)")]
+    GatewayAttachment(rayshift_api::validation::FieldError),
+    #[error("the HTTPRoute {route} named by rayshift.io/http-route does not exist")]
+    AdoptedRouteMissing { route: String },
+    #[error("the HTTPRoute {route} has no rule {}", rule.as_deref().unwrap_or("(it has no rules)"))]
+    AdoptedRuleMissing { route: String, rule: Option<String> },
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error("not the leader: this replica no longer holds the leader Lease, so it writes nothing")]
@@ -65,7 +71,8 @@ impl Error {
             Error::ServeConfig(_) | Error::ServeConfigNotAMapping | Error::UnknownServeConfig { .. } => {
                 "serve_config"
             }
-            Error::UnusableUpgradeOptions => "invalid",
+            Error::UnusableUpgradeOptions | Error::GatewayAttachment(_) => "invalid",
+            Error::AdoptedRouteMissing { .. } | Error::AdoptedRuleMissing { .. } => "gateway",
             Error::Metrics(_) => "metrics",
             Error::NotLeader => "not_leader",
             Error::CacheClosed(_) | Error::CacheBehind => "cache",

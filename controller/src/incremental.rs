@@ -10,10 +10,14 @@ use std::time::Duration;
 use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::ResourceExt;
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
+};
 use rayshift_api::{
     RayCluster, RayService,
     cluster_spec::SPEC_HASH_ANNOTATION,
+    gateway_attachment::Attachment,
     rayservice::RayServiceStatuses,
     upgrade::{
         self, Levels, Role, StepDecision, UpgradeOptions,
@@ -56,11 +60,15 @@ pub struct Pass<'a> {
 /// when to come back.
 pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Option<Duration>> {
     let settings = settings(p)?;
+    let attachment =
+        Attachment::from_annotations(p.rs.annotations(), p.ns).map_err(Error::GatewayAttachment)?;
     for cluster in [p.active, p.pending].into_iter().flatten() {
         apply_cluster_serve_service(p, cluster).await?;
     }
-    apply_gateway(p).await?;
-    let seen = observe(p, status).await?;
+    if attachment == Attachment::Owned {
+        apply_gateway(p).await?;
+    }
+    let seen = observe(p, &attachment, status).await?;
     // Decided at the instant it is applied (a step is stamped when traffic really moves), not when the pass
     // began.
     let mut decision = upgrade::decide(&seen, status, &settings, Timestamp::now());
@@ -75,7 +83,7 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Op
         }
         decision = upgrade::decide(&seen, status, &settings, Timestamp::now().max(due));
     }
-    apply(p, &decision).await?;
+    apply(p, &attachment, &decision).await?;
     *status = decision.status;
     let wake = match decision.step_due {
         Some(due) => Some(due - STEP_LEAD),
@@ -124,7 +132,7 @@ fn settings(p: &Pass<'_>) -> Result<Settings> {
 /// The clusters as the pure decision needs them: reachable, capacity verified against the status' levels (and
 /// behind their serve Service: a Gateway has nowhere to send a share without an endpoint, KubeRay #5148), and
 /// (while both exist) whether the Gateway and route are ready.
-async fn observe(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<Observation> {
+async fn observe(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatuses) -> Result<Observation> {
     let seen = |cluster: Option<&RayCluster>, serve: Option<&ServeStatus>, serving: bool, role: Role| {
         let side = match role {
             Role::Active => status.active_service_status.as_ref(),
@@ -143,12 +151,13 @@ async fn observe(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<Observatio
     Ok(Observation {
         active: seen(p.active, p.active_serve, p.active_serving, Role::Active),
         pending: seen(p.pending, p.pending_serve, p.pending_serving, Role::Pending),
-        route_ready: both && (p.ctx.options.skip_gateway_status_check || route_ready(p, status).await?),
+        route_ready: both
+            && (p.ctx.options.skip_gateway_status_check || route_ready(p, attachment, status).await?),
     })
 }
 
 /// The decision's one write, the route from the decided weights, then its metrics and events.
-async fn apply(p: &Pass<'_>, decision: &StepDecision) -> Result<()> {
+async fn apply(p: &Pass<'_>, attachment: &Attachment, decision: &StepDecision) -> Result<()> {
     if let Some(Effect::TargetCapacity { role, percent, .. }) = &decision.effect {
         let cluster = match role {
             Role::Active => p.active,
@@ -159,7 +168,7 @@ async fn apply(p: &Pass<'_>, decision: &StepDecision) -> Result<()> {
         }
     }
     if p.active.is_some() {
-        apply_route(p, &decision.status).await?;
+        apply_route(p, attachment, &decision.status).await?;
     }
     count(p.ctx, p.rs, &decision.tallies);
     for notice in &decision.notices {
@@ -212,19 +221,69 @@ async fn apply_gateway(p: &Pass<'_>) -> Result<()> {
     context::apply_child::<Gateway>(p.ctx, p.ns, body).await
 }
 
-/// The route from the status' weights: the active cluster, and the pending one while it exists.
-async fn apply_route(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<()> {
-    context::apply_child::<HttpRoute>(p.ctx, p.ns, route_body(p, status)).await
+/// The route from the status' weights: rayshift's own, or the managed rule of the adopted one.
+async fn apply_route(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatuses) -> Result<()> {
+    match attachment {
+        Attachment::AdoptedRoute { name, rule } => {
+            patch_adopted_route(p, name, rule.as_deref(), status).await
+        }
+        _ => context::apply_child::<HttpRoute>(p.ctx, p.ns, route_body(p, attachment, status)).await,
+    }
 }
 
-fn route_body(p: &Pass<'_>, status: &RayServiceStatuses) -> serde_json::Value {
+/// Sets the backendRefs of the adopted route's managed rule, and nothing else of it.
+async fn patch_adopted_route(
+    p: &Pass<'_>,
+    name: &str,
+    rule: Option<&str>,
+    status: &RayServiceStatuses,
+) -> Result<()> {
+    let backends = children::backend_refs(p.rs, p.ns, &route_weights(p, status));
+    let cached = context::read_child::<HttpRoute>(p.ctx, p.ns, name).await?;
+    if adopted_route_patch(cached, name, rule, &backends)?.is_none() {
+        return Ok(());
+    }
+    // Patched from a fresh read: its resourceVersion test fails (422) on a cache one write behind.
+    let routes = Api::<HttpRoute>::namespaced(p.ctx.client.clone(), p.ns);
+    let Some(patch) = adopted_route_patch(routes.get_opt(name).await?, name, rule, &backends)? else {
+        return Ok(());
+    };
+    p.ctx.before_write("HTTPRoute", "patch")?;
+    let params = PatchParams {
+        field_manager: Some(p.ctx.options.field_manager.clone()),
+        ..PatchParams::default()
+    };
+    routes.patch(name, &params, &Patch::Json::<()>(patch)).await?;
+    Ok(())
+}
+
+/// The patch that gives the adopted route `backends`, if it needs one.
+fn adopted_route_patch(
+    route: Option<HttpRoute>,
+    name: &str,
+    rule: Option<&str>,
+    backends: &serde_json::Value,
+) -> Result<Option<json_patch::Patch>> {
+    let route = route.ok_or_else(|| Error::AdoptedRouteMissing {
+        route: name.to_string(),
+    })?;
+    let route = serde_json::to_value(&route).expect("routes serialize");
+    let index = children::adopted_rule_index(&route, rule).ok_or_else(|| Error::AdoptedRuleMissing {
+        route: name.to_string(),
+        rule: rule.map(str::to_string),
+    })?;
+    Ok(children::adopted_route_patch(&route, index, rule, backends))
+}
+
+/// The status' weights: the active cluster, and the pending one while it exists.
+fn route_weights(p: &Pass<'_>, status: &RayServiceStatuses) -> Vec<(String, i32)> {
     let exists = |name: &String| {
         [p.active, p.pending]
             .into_iter()
             .flatten()
             .any(|c| &c.name_any() == name)
     };
-    let weights: Vec<(String, i32)> = [&status.active_service_status, &status.pending_service_status]
+    [&status.active_service_status, &status.pending_service_status]
         .into_iter()
         .flatten()
         .filter_map(|side| {
@@ -234,49 +293,108 @@ fn route_body(p: &Pass<'_>, status: &RayServiceStatuses) -> serde_json::Value {
             ))
         })
         .filter(|(name, _)| exists(name))
-        .collect();
-    let route = children::http_route(p.rs, p.ns, &weights);
+        .collect()
+}
+
+fn route_body(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatuses) -> serde_json::Value {
+    let route = children::http_route(p.rs, p.ns, attachment, &route_weights(p, status));
     serde_json::to_value(&route).expect("routes serialize")
 }
 
 /// Gateway Accepted and Programmed, route Accepted and ResolvedRefs for its current generation, and the
 /// route is the one with the status' weights (a cache behind this controller's last write is not ready).
-async fn route_ready(p: &Pass<'_>, status: &RayServiceStatuses) -> Result<bool> {
-    let rs_name = p.rs.name_any();
-    let (gateway_name, route_name) = (children::gateway_name(&rs_name), children::route_name(&rs_name));
-    let Some(gw) = context::read_child::<Gateway>(p.ctx, p.ns, &gateway_name).await? else {
-        return Ok(false);
+async fn route_ready(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatuses) -> Result<bool> {
+    let route_name = match attachment {
+        Attachment::AdoptedRoute { name, .. } => name.clone(),
+        _ => children::route_name(&p.rs.name_any()),
     };
     let Some(route) = context::read_child::<HttpRoute>(p.ctx, p.ns, &route_name).await? else {
         return Ok(false);
     };
-    let (_, digest) = children::stamp(route_body(p, status));
-    if route.annotations().get(children::APPLIED_ANNOTATION) != Some(&digest) {
+    if !route_carries(p, attachment, &route, status) {
         return Ok(false);
     }
-    let true_ = |conds: &[Condition], t: &str, generation: Option<i64>| {
-        conds.iter().any(|c| {
-            c.type_ == t
-                && c.status == "True"
-                && (c.observed_generation.is_none() || c.observed_generation == generation)
-        })
-    };
-    let gw_conditions = gw
+    for (ns, name) in parent_gateways(p, attachment, &route) {
+        let gateway = context::read_child::<Gateway>(p.ctx, &ns, &name).await?;
+        if !gateway.is_some_and(|gw| gateway_ready(&gw)) || !route_accepted_by(&route, p.ns, &ns, &name) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The route is the one with the status' weights (a cache behind this controller's last write is not).
+fn route_carries(
+    p: &Pass<'_>,
+    attachment: &Attachment,
+    route: &HttpRoute,
+    status: &RayServiceStatuses,
+) -> bool {
+    match attachment {
+        Attachment::AdoptedRoute { rule, .. } => {
+            let route = serde_json::to_value(route).expect("routes serialize");
+            let backends = children::backend_refs(p.rs, p.ns, &route_weights(p, status));
+            children::adopted_rule_index(&route, rule.as_deref())
+                .is_some_and(|i| route["spec"]["rules"][i]["backendRefs"] == backends)
+        }
+        _ => {
+            let (_, digest) = children::stamp(route_body(p, attachment, status));
+            route.annotations().get(children::APPLIED_ANNOTATION) == Some(&digest)
+        }
+    }
+}
+
+/// `(namespace, name)` of the Gateways the route attaches to.
+fn parent_gateways(p: &Pass<'_>, attachment: &Attachment, route: &HttpRoute) -> Vec<(String, String)> {
+    match attachment {
+        Attachment::AdoptedRoute { .. } => route
+            .spec
+            .parent_refs
+            .iter()
+            .flatten()
+            .filter(|r| r.kind.as_deref().unwrap_or("Gateway") == "Gateway")
+            .map(|r| {
+                (
+                    r.namespace.clone().unwrap_or_else(|| p.ns.to_string()),
+                    r.name.clone(),
+                )
+            })
+            .collect(),
+        Attachment::SharedGateway(gw) => vec![(gw.namespace.clone(), gw.name.clone())],
+        Attachment::Owned => vec![(p.ns.to_string(), children::gateway_name(&p.rs.name_any()))],
+    }
+}
+
+fn condition_true(conds: &[Condition], type_: &str, generation: Option<i64>) -> bool {
+    conds.iter().any(|c| {
+        c.type_ == type_
+            && c.status == "True"
+            && (c.observed_generation.is_none() || c.observed_generation == generation)
+    })
+}
+
+/// Gateway Accepted and Programmed for its current generation.
+fn gateway_ready(gw: &Gateway) -> bool {
+    let conds = gw
         .status
         .as_ref()
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
-    let gw_ok = true_(&gw_conditions, "Accepted", gw.metadata.generation)
-        && true_(&gw_conditions, "Programmed", gw.metadata.generation);
+    condition_true(&conds, "Accepted", gw.metadata.generation)
+        && condition_true(&conds, "Programmed", gw.metadata.generation)
+}
+
+/// The route Accepted with its refs resolved by that Gateway, for the route's current generation.
+fn route_accepted_by(route: &HttpRoute, route_ns: &str, ns: &str, name: &str) -> bool {
     let parents = route
         .status
         .as_ref()
         .map(|s| s.parents.clone())
         .unwrap_or_default();
-    let route_ok = parents.iter().any(|parent| {
-        parent.parent_ref.name == children::gateway_name(&rs_name)
-            && true_(&parent.conditions, "Accepted", route.metadata.generation)
-            && true_(&parent.conditions, "ResolvedRefs", route.metadata.generation)
-    });
-    Ok(gw_ok && route_ok)
+    parents.iter().any(|parent| {
+        parent.parent_ref.name == name
+            && parent.parent_ref.namespace.as_deref().unwrap_or(route_ns) == ns
+            && condition_true(&parent.conditions, "Accepted", route.metadata.generation)
+            && condition_true(&parent.conditions, "ResolvedRefs", route.metadata.generation)
+    })
 }

@@ -18,14 +18,14 @@ use futures::StreamExt;
 use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     runtime::{
         Controller, WatchStreamExt,
         reflector::{self, ObjectRef},
         watcher,
     },
 };
-use rayshift_api::{RayCluster, RayService};
+use rayshift_api::{RayCluster, RayService, gateway_attachment::Attachment};
 use tokio::sync::watch as signal;
 
 pub use crate::context::{Context, ControllerOptions, Mode};
@@ -191,6 +191,7 @@ async fn run_controller(
         services: services_cache,
         gateways,
         routes,
+        namespace: ns.map(str::to_string),
     };
     let ctx = Context::new(client.clone(), dashboard, config.options.clone(), metrics);
     let ctx = Arc::new(ctx.with_leadership(leading).with_caches(caches));
@@ -204,9 +205,20 @@ async fn run_controller(
         .owns_stream(cached(&client, ns, owned(), service_writer));
     if gateway_api {
         let any = watcher::Config::default;
+        let (by_route, by_gateway) = (controller.store(), controller.store());
         controller = controller
-            .owns_stream(cached(&client, ns, any(), route_writer))
-            .owns_stream(cached(&client, ns, any(), gateway_writer));
+            .watches_stream(cached(&client, ns, any(), route_writer), move |route| {
+                let ns = route.namespace().unwrap_or_default();
+                referrers(&by_route, &route, |rs_ns, a| {
+                    matches!(a, Attachment::AdoptedRoute { name, .. } if *name == route.name_any() && rs_ns == ns)
+                })
+            })
+            .watches_stream(cached(&client, ns, any(), gateway_writer), move |gw| {
+                let ns = gw.namespace().unwrap_or_default();
+                referrers(&by_gateway, &gw, |_, a| {
+                    matches!(a, Attachment::SharedGateway(r) if r.name == gw.name_any() && r.namespace == ns)
+                })
+            });
     }
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
@@ -262,6 +274,28 @@ where
         .default_backoff()
         .reflect(writer)
         .touched_objects()
+}
+
+/// The RayServices a Gateway API object matters to: its owner, and those whose annotations name it (a
+/// shared Gateway, an adopted route), so its status wakes them as an owned object's would.
+fn referrers<K: Resource>(
+    rayservices: &reflector::Store<RayService>,
+    object: &K,
+    names: impl Fn(&str, &Attachment) -> bool,
+) -> Vec<ObjectRef<RayService>> {
+    let ns = object.namespace().unwrap_or_default();
+    let owners = object
+        .owner_references()
+        .iter()
+        .filter(|o| o.kind == "RayService")
+        .map(|o| ObjectRef::new(&o.name).within(&ns));
+    let annotated = rayservices.state().into_iter().filter(|rs| {
+        let rs_ns = rs.namespace().unwrap_or_default();
+        Attachment::from_annotations(rs.annotations(), &rs_ns).is_ok_and(|a| names(&rs_ns, &a))
+    });
+    owners
+        .chain(annotated.map(|rs| ObjectRef::from_obj(&*rs)))
+        .collect()
 }
 
 /// Head Pods only (a pass reads nothing else of Pods; worker Pods can be thousands).

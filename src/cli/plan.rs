@@ -2,8 +2,10 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
+use kube::ResourceExt;
 use rayshift_api::{
     UpgradeType, defaulting, documents,
+    gateway_attachment::Attachment,
     upgrade::{self, Plan, UpgradeOptions},
     validation,
 };
@@ -68,12 +70,34 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         );
         return Ok(ExitCode::from(EXIT_DENIED));
     };
+    let ns = rs.metadata.namespace.as_deref().unwrap_or("default");
+    let entry = match Attachment::from_annotations(rs.annotations(), ns) {
+        Ok(a) => a.describe(&rs.name_any(), opts_class(&rs)),
+        Err(e) => {
+            eprintln!("RayService {name}: {e}; run `rayshift validate` for details");
+            return Ok(ExitCode::from(EXIT_DENIED));
+        }
+    };
     let plan = upgrade::plan(&opts);
     match args.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
-        Output::Text => print_table(&name, &opts, &plan),
+        Output::Json => {
+            let mut json = serde_json::to_value(&plan)?;
+            json["traffic_entry"] = serde_json::Value::String(entry);
+            println!("{}", serde_json::to_string_pretty(&json)?)
+        }
+        Output::Text => {
+            print_table(&name, &opts, &plan);
+            println!("traffic enters through: {entry}");
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn opts_class(rs: &rayshift_api::RayService) -> &str {
+    rs.spec
+        .cluster_upgrade_options()
+        .and_then(|o| o.gateway_class_name.as_deref())
+        .unwrap_or("")
 }
 
 fn print_table(name: &str, opts: &UpgradeOptions, plan: &Plan) {

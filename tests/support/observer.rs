@@ -67,6 +67,18 @@ impl Drop for Observer {
 
 impl Observer {
     pub fn start(client: Client, ns: &str, rs: &str, max_surge: i64, serving: Serving) -> Self {
+        Self::start_on(client, ns, rs, &format!("{rs}-httproute"), max_surge, serving)
+    }
+
+    /// Watches `route` for the weights (an adopted route has a name of its own).
+    pub fn start_on(
+        client: Client,
+        ns: &str,
+        rs: &str,
+        route: &str,
+        max_surge: i64,
+        serving: Serving,
+    ) -> Self {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let by_name = |n: &str| watcher::Config::default().fields(&format!("metadata.name={n}"));
         let mut tasks = Vec::new();
@@ -118,7 +130,7 @@ impl Observer {
 
         let s = seen.clone();
         let routes: Api<HttpRoute> = Api::namespaced(client.clone(), ns);
-        let cfg = by_name(&format!("{rs}-httproute"));
+        let cfg = by_name(route);
         tasks.push(tokio::spawn(async move {
             let mut stream = watcher(routes, cfg).default_backoff().applied_objects().boxed();
             while let Some(Ok(route)) = stream.next().await {
@@ -128,11 +140,10 @@ impl Observer {
                     .iter()
                     .flatten()
                     .flat_map(|r| r.backend_refs.iter().flatten())
-                    .map(|b| {
-                        (
-                            b.name.trim_end_matches("-serve-svc").to_string(),
-                            i64::from(b.weight.unwrap_or(1)),
-                        )
+                    // Only a cluster's serve Service is rayshift's; an adopted route has rules of its own.
+                    .filter_map(|b| {
+                        let cluster = b.name.strip_suffix("-serve-svc")?;
+                        Some((cluster.to_string(), i64::from(b.weight.unwrap_or(1))))
                     })
                     .collect();
                 let mut seen = s.lock().unwrap();

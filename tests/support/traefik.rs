@@ -78,6 +78,15 @@ fn loopback_address() -> String {
 impl TraefikGateway {
     /// Starts Traefik for `ns` of this control plane (and its GatewayClass, once per control plane).
     pub async fn start(cp: &ControlPlane, client: Client, ns: &str) -> Self {
+        Self::start_watching(cp, client, ns, &[]).await
+    }
+
+    /// Starts Traefik for `ns` and `also` (a shared Gateway's namespace); the watches follow `ns` only.
+    pub async fn start_watching(cp: &ControlPlane, client: Client, ns: &str, also: &[&str]) -> Self {
+        let namespaces = std::iter::once(ns)
+            .chain(also.iter().copied())
+            .collect::<Vec<_>>()
+            .join(",");
         // Tests start Traefiks side by side: the first creates the class, the others find it.
         let class: GatewayClass = serde_json::from_value(
             json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
@@ -104,7 +113,7 @@ impl TraefikGateway {
                 "start",
                 &dir.to_string_lossy(),
                 &cp.kubeconfig.to_string_lossy(),
-                ns,
+                &namespaces,
                 &address,
             ])
             .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())

@@ -10,13 +10,15 @@ use serde_json::Value;
 
 use crate::{feature_gates::FeatureGates, rayservice::RAYSHIFT_MANAGER};
 
-mod names;
+pub(crate) mod names;
 mod raycluster;
 mod rayservice;
 mod serve_config;
 mod surge;
 
-pub use names::{is_dns1035_label, is_dns1123_label, label_value_errors, qualified_name_errors};
+pub use names::{
+    is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, label_value_errors, qualified_name_errors,
+};
 pub use rayservice::{StoredObject, decode, decode_str, go_duration_seconds, review, review_str, validate};
 pub use serve_config::parse_serve_config;
 

@@ -27,7 +27,8 @@ pub fn is_dns1123_label(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
-fn is_dns1123_subdomain(s: &str) -> bool {
+/// RFC 1123 subdomain: dot-separated 1123 labels, at most 253 characters.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= DNS_SUBDOMAIN_MAX
         && s.split('.').all(|part| {

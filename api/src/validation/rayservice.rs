@@ -13,6 +13,7 @@ use super::{FieldError, ValidationConfig, Verdict, names, path, raycluster, serv
 use crate::{
     RayService,
     feature_gates::RAY_SERVICE_INCREMENTAL_UPGRADE,
+    gateway_attachment::Attachment,
     rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
     upgrade_control::{self, PROGRESS_DEADLINE_ANNOTATION},
 };
@@ -105,6 +106,7 @@ pub fn validate(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationCo
     upgrade_strategy(new, cfg, &mut v);
     let incremental = new.spec.upgrade_type() == Some(UpgradeType::NewClusterWithIncrementalUpgrade);
     serve_config::check(new.spec.serve_config_v2.as_deref(), incremental, &mut v);
+    gateway_attachment(new, annotations, incremental, &mut v);
     if let Some(old) = old {
         options_changed_mid_upgrade(new, old, &mut v);
     }
@@ -579,6 +581,29 @@ fn interval_against_deadline(
                  of that instant rolls the upgrade back"
             ),
         );
+    }
+}
+
+/// The shared-Gateway and adopted-route annotations: well formed, and only where they do something.
+fn gateway_attachment(
+    rs: &RayService,
+    annotations: &BTreeMap<String, String>,
+    incremental: bool,
+    v: &mut Verdict,
+) {
+    if !incremental {
+        if let Some(key) = Attachment::annotated(annotations) {
+            v.warn(
+                format!("metadata.annotations[{key}]"),
+                "gateway-attachment-ignored",
+                "ignored: only NewClusterWithIncrementalUpgrade routes through a Gateway",
+            );
+        }
+        return;
+    }
+    let ns = rs.metadata.namespace.as_deref().unwrap_or("default");
+    if let Err(e) = Attachment::from_annotations(annotations, ns) {
+        v.error(e);
     }
 }
 
