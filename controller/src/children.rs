@@ -489,11 +489,23 @@ mod tests {
         let before = route.clone();
         json_patch::patch(&mut route, &patch).unwrap();
         assert_eq!(route["spec"]["rules"][0], before["spec"]["rules"][0]);
-        assert_eq!(route["spec"]["rules"][1]["filters"], before["spec"]["rules"][1]["filters"]);
-        assert_eq!(adopted_route_patch(&route, 1, Some("serve"), &backends), None, "nothing to do");
-        let moved = json!([{"name": "llm-a-serve-svc", "weight": 50}, {"name": "llm-b-serve-svc", "weight": 50}]);
+        assert_eq!(
+            route["spec"]["rules"][1]["filters"],
+            before["spec"]["rules"][1]["filters"]
+        );
+        assert_eq!(
+            adopted_route_patch(&route, 1, Some("serve"), &backends),
+            None,
+            "nothing to do"
+        );
+        let moved =
+            json!([{"name": "llm-a-serve-svc", "weight": 50}, {"name": "llm-b-serve-svc", "weight": 50}]);
         let ops = serde_json::to_value(adopted_route_patch(&route, 1, None, &moved).unwrap()).unwrap();
         assert_eq!(ops[1]["op"], "replace");
-        assert_eq!(ops.as_array().unwrap().len(), 2, "no rule-name test without a name");
+        assert_eq!(
+            ops.as_array().unwrap().len(),
+            2,
+            "no rule-name test without a name"
+        );
     }
 }
