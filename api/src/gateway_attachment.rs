@@ -229,7 +229,8 @@ mod tests {
 
     #[test]
     fn each_broken_rule_names_its_annotation() {
-        let cases: &[(&[(&str, &str)], &str, &str)] = &[
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+        let cases: &[Case] = &[
             (
                 &[(GATEWAY_ANNOTATION, "a/b/c")],
                 GATEWAY_ANNOTATION,

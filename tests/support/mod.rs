@@ -4,7 +4,6 @@
 pub mod cluster;
 pub mod controller;
 pub mod dashboard;
-pub mod gateway;
 pub mod kuberay;
 pub mod load;
 pub mod local_routes;
