@@ -18,6 +18,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gateway_api::grpcroutes::GrpcRoute;
+use k8s_openapi::api::core::v1::Service;
 use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
@@ -27,7 +29,7 @@ use serde_json::{Value, json};
 use support::{
     cluster::control_plane_beside_ray,
     controller::ControllerProcess,
-    load::{Load, Response},
+    load::{GrpcLoad, Load, Response},
     observer::Observer,
     ray::{Call, RayHeads, replicas_at},
     status::{active, pending},
@@ -38,8 +40,8 @@ const GATE: &str = "--feature-gates=RayServiceIncrementalUpgrade=true";
 /// Replicas of the one deployment at full capacity.
 const REPLICAS: usize = 4;
 const SURGE: i64 = 50;
-const STEP: i64 = 50;
-const INTERVAL: i64 = 2;
+const STEP: i64 = 25;
+const INTERVAL: i64 = 3;
 /// Long enough to see the old cluster drained to 0 replicas before its head goes.
 const DELETION_DELAY: i64 = 5;
 const RATE: u32 = 50;
@@ -49,13 +51,20 @@ const LATENCY_BOUND: Duration = Duration::from_secs(10);
 /// How long Ray may take to reach the replica count of a new target capacity.
 const CONVERGENCE: Duration = Duration::from_secs(30);
 
-fn serve_config(version: &str) -> String {
+/// Serve's gRPC proxy, on its default port, for the versioned app's `Version` method.
+const GRPC_OPTIONS: &str = "grpc_options:
+  port: 9000
+  grpc_servicer_functions: [versioned_grpc.add_VersionedServicer_to_server]
+";
+
+fn serve_config(version: &str, grpc: bool) -> String {
+    let grpc = if grpc { GRPC_OPTIONS } else { "" };
     format!(
         "proxy_location: HeadOnly
 http_options:
   host: 0.0.0.0
   port: 8000
-applications:
+{grpc}applications:
   - name: versioned
     import_path: versioned:build
     route_prefix: /
@@ -69,9 +78,9 @@ applications:
 }
 
 /// A new version changes the cluster (a new RayCluster) and the app.
-fn spec(version: &str) -> Value {
+fn spec(version: &str, grpc: bool) -> Value {
     json!({
-        "serveConfigV2": serve_config(version),
+        "serveConfigV2": serve_config(version, grpc),
         "rayClusterConfig": {
             "enableInTreeAutoscaling": true,
             "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [{
@@ -84,8 +93,8 @@ fn spec(version: &str) -> Value {
     })
 }
 
-fn rayservice(version: &str) -> RayService {
-    let mut spec = spec(version);
+fn rayservice(version: &str, grpc: bool) -> RayService {
+    let mut spec = spec(version, grpc);
     spec["managedBy"] = json!("rayshift.io/controller");
     spec["rayClusterDeletionDelaySeconds"] = json!(DELETION_DELAY);
     spec["upgradeStrategy"] = json!({"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
@@ -122,6 +131,8 @@ struct Env {
     report: String,
     /// One row per phase: requests, failures, latency.
     summary: String,
+    /// Serve serves gRPC too, and each phase sends gRPC load beside the HTTP load.
+    grpc: bool,
 }
 
 /// How the controller reaches the dashboards.
@@ -163,13 +174,14 @@ impl Env {
             controller,
             report: String::new(),
             summary: String::new(),
+            grpc: false,
         }
     }
 
     /// Creates the RayService at v1; returns its first cluster once that alone serves all traffic.
     async fn deploy(&self) -> String {
         self.rayservices()
-            .create(&PostParams::default(), &rayservice("v1"))
+            .create(&PostParams::default(), &rayservice("v1", self.grpc))
             .await
             .unwrap();
         let first = self
@@ -203,7 +215,7 @@ impl Env {
             .patch(
                 "llm",
                 &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": spec(version) })),
+                &Patch::Merge(&json!({ "spec": spec(version, self.grpc) })),
             )
             .await
             .unwrap();
@@ -627,6 +639,9 @@ impl Env {
         twist: Twist,
     ) -> (String, Vec<String>) {
         let load = Load::start(&self.gateway.url(), RATE, LATENCY_BOUND);
+        let grpc = self
+            .grpc
+            .then(|| GrpcLoad::start(&self.gateway.grpc_address(), RATE, LATENCY_BOUND));
         let from = Instant::now();
         tokio::time::sleep(Duration::from_secs(1)).await;
         self.set_version(version).await;
@@ -663,6 +678,10 @@ impl Env {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let to = Instant::now();
         let (ran, responses) = load.stop().await;
+        let grpc = match grpc {
+            Some(load) => Some(load.stop().await),
+            None => None,
+        };
         let mut problems_before = Vec::new();
         let end_version = if end == new { version } else { serving };
         let last = self
@@ -692,6 +711,16 @@ impl Env {
         problems.extend(endpoints_checked(self, from, to));
         let failed = failures(&responses, phase.versions, from).len();
         self.summary.push_str(&phase_row(title, ran, &responses, failed));
+        if let Some((ran, responses)) = grpc {
+            let title = format!("{title} (gRPC)");
+            let phase = Phase {
+                title: &title,
+                ..phase
+            };
+            problems.extend(check_phase(self, &phase, from, to, ran, &responses));
+            let failed = failures(&responses, phase.versions, from).len();
+            self.summary.push_str(&phase_row(&title, ran, &responses, failed));
+        }
         let tail: Vec<_> = responses
             .iter()
             .filter(|r| r.sent > to - Duration::from_secs(1))
@@ -840,5 +869,68 @@ async fn real_dashboard_through_the_apiserver_service_proxy() {
         env.heads.answers().is_empty(),
         "the controller used the URL template: {:?}",
         env.heads.answers()
+    );
+}
+
+/// gRPC moves with HTTP: Serve's gRPC proxy (port 9000) behind a GRPCRoute with the HTTPRoute's weights, on
+/// a listener of its own of rayshift's Gateway, through Traefik; one upgrade under HTTP and gRPC load, with no
+/// failed call of either and each route version's gRPC share equal to its weight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grpc_moves_with_http_through_traefik() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut env = Env::new("realgrpc", DashboardRoute::Template).await;
+    env.grpc = true;
+    let first = env.deploy().await;
+    let address = env.gateway.grpc_address();
+    env.eventually("v1 answering gRPC through Traefik", 30, || async {
+        let probe = GrpcLoad::start(&address, 10, Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (_, answers) = probe.stop().await;
+        answers.iter().any(|r| r.body() == Some("v1")).then_some(())
+    })
+    .await;
+    let (end, mut problems) = env
+        .phase(
+            "upgrade v1 → v2 under HTTP and gRPC load",
+            &first,
+            "v1",
+            "v2",
+            Twist::None,
+        )
+        .await;
+    let grpc_routes: Api<GrpcRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    let route = grpc_routes.get("llm-grpcroute").await.unwrap();
+    let route = serde_json::to_value(&route).unwrap();
+    assert_eq!(route["spec"]["parentRefs"][0]["sectionName"], "grpc", "{route:#}");
+    assert_eq!(
+        route["spec"]["rules"][0]["backendRefs"],
+        json!([{"group": "", "kind": "Service", "name": format!("{end}-serve-svc"), "namespace": env.ns, "port": 9000, "weight": 100}])
+    );
+    let services: Api<Service> = Api::namespaced(env.client.clone(), &env.ns);
+    let serve = services.get(&format!("{end}-serve-svc")).await.unwrap();
+    let grpc_port = serve
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .into_iter()
+        .find(|p| p.port == 9000);
+    assert_eq!(
+        grpc_port.and_then(|p| p.app_protocol).as_deref(),
+        Some("kubernetes.io/h2c")
+    );
+    let server_errors = env.gateway.server_errors();
+    if !server_errors.is_empty() {
+        problems.push(format!("Traefik answered 5xx, by backend: {server_errors:?}"));
+    }
+    let report = format!(
+        "# gRPC and HTTP through Traefik, real Ray Serve\n\n| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) |\n|---|---|---|---|---|---|---|\n{}{}",
+        env.summary, env.report
+    );
+    println!("{report}");
+    assert!(
+        problems.is_empty(),
+        "problems:\n{}\n\n{report}",
+        problems.join("\n")
     );
 }

@@ -12,6 +12,9 @@ use crate::validation::{FieldError, names};
 pub const GATEWAY_ANNOTATION: &str = "rayshift.io/gateway";
 /// The listener (`sectionName`) of that Gateway; all its listeners when absent.
 pub const GATEWAY_LISTENER_ANNOTATION: &str = "rayshift.io/gateway-listener";
+/// The listener of that Gateway rayshift's GRPCRoute attaches to, when Serve serves gRPC; all its listeners
+/// when absent.
+pub const GATEWAY_GRPC_LISTENER_ANNOTATION: &str = "rayshift.io/gateway-grpc-listener";
 /// Name of an existing HTTPRoute in the RayService's namespace whose backendRefs rayshift sets.
 pub const HTTP_ROUTE_ANNOTATION: &str = "rayshift.io/http-route";
 /// Name of that route's rule rayshift sets the backendRefs of; the first rule when absent.
@@ -23,6 +26,7 @@ pub struct GatewayRef {
     pub namespace: String,
     pub name: String,
     pub listener: Option<String>,
+    pub grpc_listener: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,12 +48,21 @@ impl Attachment {
     ) -> Result<Self, FieldError> {
         let get = |key: &str| annotations.get(key).map(|v| v.trim().to_string());
         let (gateway, listener) = (get(GATEWAY_ANNOTATION), get(GATEWAY_LISTENER_ANNOTATION));
+        let grpc_listener = get(GATEWAY_GRPC_LISTENER_ANNOTATION);
         let (route, rule) = (get(HTTP_ROUTE_ANNOTATION), get(HTTP_ROUTE_RULE_ANNOTATION));
         for (key, value) in [
             (GATEWAY_LISTENER_ANNOTATION, &listener),
+            (GATEWAY_GRPC_LISTENER_ANNOTATION, &grpc_listener),
             (HTTP_ROUTE_RULE_ANNOTATION, &rule),
         ] {
             check_name(key, value.as_deref())?;
+        }
+        if gateway.is_none() {
+            requires(
+                GATEWAY_GRPC_LISTENER_ANNOTATION,
+                &grpc_listener,
+                GATEWAY_ANNOTATION,
+            )?;
         }
         match (gateway, route) {
             (Some(_), Some(_)) => Err(FieldError::forbidden(
@@ -74,6 +87,7 @@ impl Attachment {
                     namespace: namespace.to_string(),
                     name: name.to_string(),
                     listener,
+                    grpc_listener,
                 }))
             }
             (None, Some(route)) => {
@@ -117,6 +131,7 @@ impl Attachment {
         [
             GATEWAY_ANNOTATION,
             GATEWAY_LISTENER_ANNOTATION,
+            GATEWAY_GRPC_LISTENER_ANNOTATION,
             HTTP_ROUTE_ANNOTATION,
             HTTP_ROUTE_RULE_ANNOTATION,
         ]
@@ -177,6 +192,7 @@ mod tests {
                 namespace: ns.into(),
                 name: "edge".into(),
                 listener: listener.map(Into::into),
+                grpc_listener: None,
             })
         };
         assert_eq!(attach(&[(GATEWAY_ANNOTATION, "edge")]), Ok(shared("team", None)));

@@ -17,6 +17,7 @@ pub mod quantity;
 pub mod raycluster;
 pub mod rayservice;
 mod schema;
+pub mod serve_grpc;
 pub mod upgrade;
 pub mod upgrade_control;
 pub mod validation;

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
+use gateway_api::{gateways::Gateway, grpcroutes::GrpcRoute, httproutes::HttpRoute};
 use kube::ResourceExt;
 use rayshift_api::{
     RayCluster, RayService,
@@ -256,7 +256,11 @@ pub fn stamp(mut body: Value) -> (Value, String) {
     (body, digest)
 }
 
-/// The Gateway of an incremental RayService (one per RayService, HTTP on port 80).
+/// The listeners of rayshift's own Gateway.
+pub const HTTP_LISTENER: &str = "http";
+pub const GRPC_LISTENER: &str = "grpc";
+
+/// The Gateway of an incremental RayService (one per RayService, HTTP on port 80, gRPC on Serve's port).
 pub fn gateway_name(rs: &str) -> String {
     format!("{rs}-gateway")
 }
@@ -282,7 +286,24 @@ pub fn cluster_serve_service(rs: &RayService, cluster: &RayCluster) -> Value {
     }]);
     body["metadata"]["labels"][ORIGINATED_FROM_CR_NAME] = json!(name);
     body["metadata"]["labels"][SERVE_LABEL] = json!(format!("{name}-serve"));
+    if let Some(port) = grpc_port(rs) {
+        add_grpc_port(&mut body, port);
+    }
     body
+}
+
+/// Serve's gRPC port on a serve Service, as HTTP/2 cleartext (`kubernetes.io/h2c`) so that a Gateway speaks
+/// HTTP/2 to it; a port of the user's with that number is kept as it is (its own appProtocol).
+fn add_grpc_port(service: &mut Value, port: i64) {
+    let Some(ports) = service["spec"]["ports"].as_array_mut() else {
+        return;
+    };
+    if !ports.iter().any(|p| p["port"] == port) {
+        ports.push(
+            json!({"name": "grpc", "port": port, "targetPort": port, "protocol": "TCP",
+                          "appProtocol": "kubernetes.io/h2c"}),
+        );
+    }
 }
 
 /// The RayService's Gateway, of its `gatewayClassName`.
@@ -293,10 +314,16 @@ pub fn gateway(rs: &RayService, ns: &str) -> Gateway {
         .and_then(|o| o.gateway_class_name.clone())
         .unwrap_or_default();
     let name = rs.metadata.name.clone().unwrap_or_default();
+    let mut listeners = vec![json!({"name": HTTP_LISTENER, "protocol": "HTTP", "port": 80})];
+    if let Some(port) = grpc_port(rs) {
+        // gRPC is HTTP/2 on a listener of its own, so the HTTPRoute's catch-all never takes it.
+        listeners.push(json!({"name": GRPC_LISTENER, "protocol": "HTTP", "port": port,
+                              "allowedRoutes": {"kinds": [{"group": "gateway.networking.k8s.io", "kind": "GRPCRoute"}]}}));
+    }
     serde_json::from_value(json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
         "metadata": {"name": gateway_name(&name), "namespace": ns, "ownerReferences": [owner_reference(rs)]},
-        "spec": {"gatewayClassName": class, "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}
+        "spec": {"gatewayClassName": class, "listeners": listeners}
     }))
     .expect("a well-formed Gateway")
 }
@@ -323,8 +350,60 @@ pub fn route_parent(rs: &RayService, ns: &str, attachment: &Attachment) -> Value
         if let Some(listener) = &gw.listener {
             parent["sectionName"] = json!(listener);
         }
+    } else if grpc_port(rs).is_some() {
+        parent["sectionName"] = json!(HTTP_LISTENER);
     }
     parent
+}
+
+/// The Gateway (and listener) rayshift's GRPCRoute attaches to.
+pub fn grpc_route_parent(rs: &RayService, ns: &str, attachment: &Attachment) -> Value {
+    let mut parent = route_parent(rs, ns, attachment);
+    let listener = match attachment {
+        Attachment::SharedGateway(gw) => gw.grpc_listener.as_deref(),
+        _ => Some(GRPC_LISTENER),
+    };
+    match listener {
+        Some(l) => parent["sectionName"] = json!(l),
+        None => {
+            parent.as_object_mut().map(|p| p.remove("sectionName"));
+        }
+    }
+    parent
+}
+
+/// Serve's gRPC port, when its config serves gRPC.
+pub fn grpc_port(rs: &RayService) -> Option<i64> {
+    rayshift_api::serve_grpc::grpc_port(rs.spec.serve_config_v2.as_deref())
+}
+
+/// `<rs>-grpcroute`: the gRPC share of the traffic, with the HTTPRoute's weights.
+pub fn grpc_route_name(rs: &str) -> String {
+    format!("{rs}-grpcroute")
+}
+
+/// The RayService's GRPCRoute, one weighted backend per `(cluster, weight)` on the serve Services' gRPC port.
+pub fn grpc_route(
+    rs: &RayService,
+    ns: &str,
+    attachment: &Attachment,
+    weights: &[(String, i32)],
+) -> GrpcRoute {
+    let name = rs.metadata.name.clone().unwrap_or_default();
+    let port = grpc_port(rs).unwrap_or(rayshift_api::serve_grpc::DEFAULT_GRPC_PORT);
+    let backends: Vec<Value> = weights
+        .iter()
+        .map(|(cluster, weight)| {
+            json!({"group": "", "kind": "Service", "name": cluster_serve_service_name(cluster), "namespace": ns,
+                   "port": port, "weight": weight})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
+        "metadata": {"name": grpc_route_name(&name), "namespace": ns, "ownerReferences": [owner_reference(rs)]},
+        "spec": {"parentRefs": [grpc_route_parent(rs, ns, attachment)], "rules": [{"backendRefs": backends}]}
+    }))
+    .expect("a well-formed GRPCRoute")
 }
 
 /// The RayService's own HTTPRoute with one weighted backend per `(cluster, weight)`.
@@ -506,6 +585,72 @@ mod tests {
             ops.as_array().unwrap().len(),
             2,
             "no rule-name test without a name"
+        );
+    }
+
+    fn grpc_rs() -> RayService {
+        let mut rs = rs();
+        rs.spec.serve_config_v2 = Some(
+            "grpc_options:\n  port: 9100\n  grpc_servicer_functions: [m.add_S_to_server]\napplications: []\n"
+                .into(),
+        );
+        rs
+    }
+
+    fn cluster(name: &str) -> RayCluster {
+        serde_json::from_value(json!({"apiVersion": "ray.io/v1", "kind": "RayCluster",
+            "metadata": {"name": name, "uid": "c1"}, "spec": {"headGroupSpec": {"template": {}}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn grpc_gets_a_listener_a_route_and_an_h2c_port() {
+        let rs = grpc_rs();
+        let gw = serde_json::to_value(gateway(&rs, "ns")).unwrap();
+        assert_eq!(gw["spec"]["listeners"][1]["name"], GRPC_LISTENER);
+        assert_eq!(gw["spec"]["listeners"][1]["port"], 9100);
+        let weights = [("llm-a".to_string(), 60), ("llm-b".to_string(), 40)];
+        let route = serde_json::to_value(grpc_route(&rs, "ns", &Attachment::Owned, &weights)).unwrap();
+        assert_eq!(route["spec"]["parentRefs"][0]["sectionName"], GRPC_LISTENER);
+        assert_eq!(
+            route["spec"]["rules"][0]["backendRefs"][1]["name"],
+            "llm-b-serve-svc"
+        );
+        assert_eq!(route["spec"]["rules"][0]["backendRefs"][1]["port"], 9100);
+        assert_eq!(route["spec"]["rules"][0]["backendRefs"][1]["weight"], 40);
+        let http = serde_json::to_value(http_route(&rs, "ns", &Attachment::Owned, &weights)).unwrap();
+        assert_eq!(
+            http["spec"]["parentRefs"][0]["sectionName"], HTTP_LISTENER,
+            "HTTP stays off the gRPC listener"
+        );
+        let svc = cluster_serve_service(&rs, &cluster("llm-a"));
+        let grpc = svc["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["port"] == 9100)
+            .unwrap();
+        assert_eq!(grpc["appProtocol"], "kubernetes.io/h2c");
+        assert_eq!(
+            svc["spec"]["ports"][0]["appProtocol"], "http",
+            "the user's serve port keeps its appProtocol"
+        );
+    }
+
+    #[test]
+    fn without_grpc_nothing_changes() {
+        let rs = rs();
+        let gw = serde_json::to_value(gateway(&rs, "ns")).unwrap();
+        assert_eq!(gw["spec"]["listeners"].as_array().unwrap().len(), 1);
+        let http = serde_json::to_value(http_route(&rs, "ns", &Attachment::Owned, &[])).unwrap();
+        assert!(http["spec"]["parentRefs"][0].get("sectionName").is_none());
+        let svc = cluster_serve_service(&rs, &cluster("llm-a"));
+        assert!(
+            !svc["spec"]["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "grpc")
         );
     }
 }

@@ -119,6 +119,7 @@ pub struct Caches {
     /// Filled only where the Gateway API is served.
     pub gateways: reflector::Store<gateway_api::gateways::Gateway>,
     pub routes: reflector::Store<gateway_api::httproutes::HttpRoute>,
+    pub grpc_routes: reflector::Store<gateway_api::grpcroutes::GrpcRoute>,
     /// The namespace the watches are limited to (`--namespace`); objects elsewhere (a shared Gateway) are
     /// read from the apiserver.
     pub namespace: Option<String>,
@@ -134,7 +135,8 @@ impl Caches {
         if self.namespace.as_deref().is_some_and(|scope| scope != ns) {
             return None;
         }
-        let stores: [&dyn std::any::Any; 3] = [&self.services, &self.gateways, &self.routes];
+        let stores: [&dyn std::any::Any; 4] =
+            [&self.services, &self.gateways, &self.routes, &self.grpc_routes];
         let store = stores
             .into_iter()
             .find_map(|s| s.downcast_ref::<reflector::Store<K>>())?;

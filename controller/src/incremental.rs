@@ -7,9 +7,8 @@
 
 use std::time::Duration;
 
-use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
+use gateway_api::{gateways::Gateway, grpcroutes::GrpcRoute, httproutes::HttpRoute};
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
@@ -227,7 +226,14 @@ async fn apply_route(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceS
         Attachment::AdoptedRoute { name, rule } => {
             patch_adopted_route(p, name, rule.as_deref(), status).await
         }
-        _ => context::apply_child::<HttpRoute>(p.ctx, p.ns, route_body(p, attachment, status)).await,
+        _ => {
+            context::apply_child::<HttpRoute>(p.ctx, p.ns, route_body(p, attachment, status)).await?;
+            if children::grpc_port(p.rs).is_some() {
+                context::apply_child::<GrpcRoute>(p.ctx, p.ns, grpc_route_body(p, attachment, status))
+                    .await?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -296,6 +302,11 @@ fn route_weights(p: &Pass<'_>, status: &RayServiceStatuses) -> Vec<(String, i32)
         .collect()
 }
 
+fn grpc_route_body(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatuses) -> serde_json::Value {
+    let route = children::grpc_route(p.rs, p.ns, attachment, &route_weights(p, status));
+    serde_json::to_value(&route).expect("routes serialize")
+}
+
 fn route_body(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatuses) -> serde_json::Value {
     let route = children::http_route(p.rs, p.ns, attachment, &route_weights(p, status));
     serde_json::to_value(&route).expect("routes serialize")
@@ -314,13 +325,41 @@ async fn route_ready(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceS
     if !route_carries(p, attachment, &route, status) {
         return Ok(false);
     }
-    for (ns, name) in parent_gateways(p, attachment, &route) {
+    let parents = parent_gateways(p, attachment, &route);
+    let mut routes = vec![serde_json::to_value(&route).expect("routes serialize")];
+    if let Some(grpc) = grpc_route_carrying(p, attachment, status).await? {
+        routes.push(grpc);
+    } else if children::grpc_port(p.rs).is_some() {
+        return Ok(false);
+    }
+    for (ns, name) in parents {
         let gateway = context::read_child::<Gateway>(p.ctx, &ns, &name).await?;
-        if !gateway.is_some_and(|gw| gateway_ready(&gw)) || !route_accepted_by(&route, p.ns, &ns, &name) {
+        let gateway = gateway.map(|gw| serde_json::to_value(&gw).expect("Gateways serialize"));
+        if !gateway.is_some_and(|gw| gateway_ready(&gw))
+            || !routes.iter().all(|r| route_accepted_by(r, p.ns, &ns, &name))
+        {
             return Ok(false);
         }
     }
     Ok(true)
+}
+
+/// The GRPCRoute (as JSON) when Serve serves gRPC and it carries the status' weights.
+async fn grpc_route_carrying(
+    p: &Pass<'_>,
+    attachment: &Attachment,
+    status: &RayServiceStatuses,
+) -> Result<Option<serde_json::Value>> {
+    if children::grpc_port(p.rs).is_none() {
+        return Ok(None);
+    }
+    let name = children::grpc_route_name(&p.rs.name_any());
+    let Some(route) = context::read_child::<GrpcRoute>(p.ctx, p.ns, &name).await? else {
+        return Ok(None);
+    };
+    let (_, digest) = children::stamp(grpc_route_body(p, attachment, status));
+    let carries = route.annotations().get(children::APPLIED_ANNOTATION) == Some(&digest);
+    Ok(carries.then(|| serde_json::to_value(&route).expect("routes serialize")))
 }
 
 /// The route is the one with the status' weights (a cache behind this controller's last write is not).
@@ -365,36 +404,34 @@ fn parent_gateways(p: &Pass<'_>, attachment: &Attachment, route: &HttpRoute) -> 
     }
 }
 
-fn condition_true(conds: &[Condition], type_: &str, generation: Option<i64>) -> bool {
-    conds.iter().any(|c| {
-        c.type_ == type_
-            && c.status == "True"
-            && (c.observed_generation.is_none() || c.observed_generation == generation)
+/// A `conditions` list has `type_` True for `generation` (or without an observed generation).
+fn condition_true(conditions: &serde_json::Value, type_: &str, generation: Option<i64>) -> bool {
+    conditions.as_array().into_iter().flatten().any(|c| {
+        c["type"] == type_
+            && c["status"] == "True"
+            && (c["observedGeneration"].is_null() || c["observedGeneration"].as_i64() == generation)
     })
 }
 
 /// Gateway Accepted and Programmed for its current generation.
-fn gateway_ready(gw: &Gateway) -> bool {
-    let conds = gw
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.clone())
-        .unwrap_or_default();
-    condition_true(&conds, "Accepted", gw.metadata.generation)
-        && condition_true(&conds, "Programmed", gw.metadata.generation)
+fn gateway_ready(gw: &serde_json::Value) -> bool {
+    let generation = gw["metadata"]["generation"].as_i64();
+    let conditions = &gw["status"]["conditions"];
+    condition_true(conditions, "Accepted", generation) && condition_true(conditions, "Programmed", generation)
 }
 
-/// The route Accepted with its refs resolved by that Gateway, for the route's current generation.
-fn route_accepted_by(route: &HttpRoute, route_ns: &str, ns: &str, name: &str) -> bool {
-    let parents = route
-        .status
-        .as_ref()
-        .map(|s| s.parents.clone())
-        .unwrap_or_default();
-    parents.iter().any(|parent| {
-        parent.parent_ref.name == name
-            && parent.parent_ref.namespace.as_deref().unwrap_or(route_ns) == ns
-            && condition_true(&parent.conditions, "Accepted", route.metadata.generation)
-            && condition_true(&parent.conditions, "ResolvedRefs", route.metadata.generation)
-    })
+/// The route (HTTP or gRPC) Accepted with its refs resolved by that Gateway, for its current generation.
+fn route_accepted_by(route: &serde_json::Value, route_ns: &str, ns: &str, name: &str) -> bool {
+    let generation = route["metadata"]["generation"].as_i64();
+    route["status"]["parents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|parent| {
+            let parent_ref = &parent["parentRef"];
+            parent_ref["name"] == name
+                && parent_ref["namespace"].as_str().unwrap_or(route_ns) == ns
+                && condition_true(&parent["conditions"], "Accepted", generation)
+                && condition_true(&parent["conditions"], "ResolvedRefs", generation)
+        })
 }

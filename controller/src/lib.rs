@@ -15,7 +15,7 @@ use std::{sync::Arc, time::Duration};
 
 pub use error::{Error, Result};
 use futures::StreamExt;
-use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
+use gateway_api::{gateways::Gateway, grpcroutes::GrpcRoute, httproutes::HttpRoute};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -185,12 +185,14 @@ async fn run_controller(
     let (services_cache, service_writer) = reflector::store::<Service>();
     let (gateways, gateway_writer) = reflector::store::<Gateway>();
     let (routes, route_writer) = reflector::store::<HttpRoute>();
+    let (grpc_routes, grpc_route_writer) = reflector::store::<GrpcRoute>();
     let caches = context::Caches {
         clusters: clusters.clone(),
         heads,
         services: services_cache,
         gateways,
         routes,
+        grpc_routes,
         namespace: ns.map(str::to_string),
     };
     let ctx = Context::new(client.clone(), dashboard, config.options.clone(), metrics);
@@ -219,6 +221,10 @@ async fn run_controller(
                     matches!(a, Attachment::SharedGateway(r) if r.name == gw.name_any() && r.namespace == ns)
                 })
             });
+        // GRPCRoute is in the standard channel since Gateway API v1.1; older installs lack it.
+        if served::<GrpcRoute>(&client, ns).await {
+            controller = controller.owns_stream(cached(&client, ns, any(), grpc_route_writer));
+        }
     }
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
@@ -238,13 +244,23 @@ async fn run_controller(
     Ok(())
 }
 
-/// Gateway API objects are watched only where the CRDs exist (the REP: blue/green must work without).
-async fn detect_gateway_api(client: &Client, ns: Option<&str>, ctx: &Context) -> bool {
-    let routes = api::<gateway_api::httproutes::HttpRoute>(client, ns);
-    let found = routes
+/// Whether the apiserver serves this kind (its CRD is installed).
+async fn served<K>(client: &Client, ns: Option<&str>) -> bool
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    api::<K>(client, ns)
         .list(&kube::api::ListParams::default().limit(1))
         .await
-        .is_ok();
+        .is_ok()
+}
+
+/// Gateway API objects are watched only where the CRDs exist (the REP: blue/green must work without).
+async fn detect_gateway_api(client: &Client, ns: Option<&str>, ctx: &Context) -> bool {
+    let found = served::<HttpRoute>(client, ns).await;
     ctx.gateway_api.store(found, std::sync::atomic::Ordering::Relaxed);
     if !found {
         tracing::warn!(

@@ -7,7 +7,8 @@
 #   traefik.sh version          print the pinned version
 #   traefik.sh start DIR KUBECONFIG NAMESPACE ADDRESS
 #                               run Traefik's Kubernetes Gateway provider out of cluster for NAMESPACE, with
-#                               one entryPoint `web` at ADDRESS:80 (the port of rayshift's Gateway listener);
+#                               entryPoints `web` at ADDRESS:80 and `grpc` at ADDRESS:9000 (the ports of
+#                               rayshift's Gateway listeners: HTTP, and Ray Serve's default gRPC port);
 #                               logs, access log and pid in DIR
 #   traefik.sh stop DIR         stop it
 #
@@ -54,6 +55,7 @@ start() {
     --log.level=INFO --log.format=json \
     --accesslog=true --accesslog.format=json --accesslog.filepath="$dir/access.log" \
     --entryPoints.web.address="$address:80" \
+    --entryPoints.grpc.address="$address:9000" \
     --providers.providersThrottleDuration=10ms \
     --providers.kubernetesgateway=true \
     --providers.kubernetesgateway.namespaces="$ns" \

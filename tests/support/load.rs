@@ -120,3 +120,70 @@ fn chain(e: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// Open-loop gRPC load through the Gateway's gRPC listener: `tests/env/ray-app/grpc_load.py`, run by the Ray
+/// venv's Python (grpcio comes with Ray). Its answers are read from a file when it stops.
+pub struct GrpcLoad {
+    child: std::process::Child,
+    out: tempfile::NamedTempFile,
+    started: Instant,
+}
+
+impl GrpcLoad {
+    pub fn start(address: &str, rate: u32, timeout: Duration) -> Self {
+        let repo = super::cluster::repo();
+        let venv = std::process::Command::new("bash")
+            .arg(repo.join("tests/env/ray.sh"))
+            .arg("venv")
+            .output()
+            .expect("ray.sh venv");
+        let python = format!("{}/bin/python", String::from_utf8_lossy(&venv.stdout).trim());
+        let out = tempfile::NamedTempFile::new().unwrap();
+        let child = std::process::Command::new(python)
+            .arg(repo.join("tests/env/ray-app/grpc_load.py"))
+            .args([address, &rate.to_string(), &timeout.as_secs_f64().to_string()])
+            .stdout(out.reopen().unwrap())
+            .spawn()
+            .expect("start grpc_load.py");
+        GrpcLoad {
+            child,
+            out,
+            started: Instant::now(),
+        }
+    }
+
+    /// Stops sending, waits for the calls in flight; every answer, as `Response`s.
+    pub async fn stop(self) -> (Duration, Vec<Response>) {
+        let ran = self.started.elapsed();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let mut child = self.child;
+        let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap();
+        assert!(
+            status.as_ref().is_ok_and(|s| s.success()),
+            "grpc_load.py: {status:?}"
+        );
+        let text = std::fs::read_to_string(self.out.path()).unwrap();
+        (ran, text.lines().filter_map(grpc_response).collect())
+    }
+}
+
+/// One line of `grpc_load.py`: its Unix send time becomes an `Instant` of this process.
+fn grpc_response(line: &str) -> Option<Response> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let unix_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
+    let ago = Duration::from_secs_f64((unix_now - v["sent"].as_f64()?).max(0.0));
+    let outcome = match v["version"].as_str() {
+        Some(version) => Outcome::Ok(version.to_string()),
+        None => Outcome::Error(v["error"].as_str().unwrap_or("no answer").to_string()),
+    };
+    Some(Response {
+        sent: Instant::now() - ago,
+        latency: Duration::from_secs_f64(v["latency"].as_f64()?),
+        outcome,
+    })
+}

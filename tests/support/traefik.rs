@@ -143,6 +143,11 @@ impl TraefikGateway {
         format!("http://{}/", self.address)
     }
 
+    /// `host:port` of the gRPC entryPoint (Ray Serve's default gRPC port, a listener of rayshift's Gateway).
+    pub fn grpc_address(&self) -> String {
+        format!("{}:9000", self.address)
+    }
+
     /// Every version of the route's weights, in order.
     pub fn routes(&self) -> Vec<RouteWeights> {
         self.routes.lock().unwrap().clone()

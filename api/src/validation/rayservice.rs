@@ -13,8 +13,9 @@ use super::{FieldError, ValidationConfig, Verdict, names, path, raycluster, serv
 use crate::{
     RayService,
     feature_gates::RAY_SERVICE_INCREMENTAL_UPGRADE,
-    gateway_attachment::Attachment,
+    gateway_attachment::{Attachment, HTTP_ROUTE_ANNOTATION},
     rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
+    serve_grpc::grpc_port,
     upgrade_control::{self, PROGRESS_DEADLINE_ANNOTATION},
 };
 
@@ -602,8 +603,24 @@ fn gateway_attachment(
         return;
     }
     let ns = rs.metadata.namespace.as_deref().unwrap_or("default");
-    if let Err(e) = Attachment::from_annotations(annotations, ns) {
-        v.error(e);
+    match Attachment::from_annotations(annotations, ns) {
+        Err(e) => v.error(e),
+        Ok(Attachment::AdoptedRoute { .. }) if grpc_port(rs.spec.serve_config_v2.as_deref()).is_some() => v
+            .error(FieldError::forbidden(
+                format!("metadata.annotations[{HTTP_ROUTE_ANNOTATION}]"),
+                "grpc-adopted-route",
+                "serveConfigV2 serves gRPC (grpc_options), which moves with rayshift's own GRPCRoute: use \
+                 rayshift.io/gateway (a shared Gateway) or no annotation instead of an adopted HTTPRoute",
+            )),
+        Ok(_) => {}
+    }
+    if let Some(port) = grpc_port(rs.spec.serve_config_v2.as_deref()).filter(|p| !(1..=65535).contains(p)) {
+        v.error(FieldError::invalid(
+            "spec.serveConfigV2",
+            port,
+            "grpc-port",
+            "grpc_options.port must be between 1 and 65535",
+        ));
     }
 }
 

@@ -10,6 +10,12 @@ class Versioned:
     async def __call__(self, request) -> str:
         return self.version
 
+    async def Version(self, request):
+        """The gRPC method (see versioned_grpc.py): the same answer as a protobuf StringValue."""
+        from google.protobuf import wrappers_pb2
+
+        return wrappers_pb2.StringValue(value=self.version)
+
 
 def build(args: dict):
     """Application builder: `import_path: versioned:build` with `args: {version: v2}`."""
