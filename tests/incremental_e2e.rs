@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use support::{
     cluster::{ControlPlane, control_plane_with_kuberay},
     controller::ControllerProcess,
-    dashboard::FakeDashboard,
+    dashboard::{FakeDashboard, Fault},
     observer::Observer,
     status::{active, cluster_names, condition, pending},
     traefik::{self, TraefikGateway},
@@ -640,6 +640,60 @@ async fn progress_deadline_rolls_back() {
     .await;
     assert!(env.events().await.iter().any(|e| e == "ProgressDeadlineExceeded"));
     assert_eq!(env.upgrades("rolled_back"), 1.0);
+}
+
+/// Faulty dashboards (issue 16): while the pending cluster's dashboard answers 500, answers later than the
+/// controller's 2 s timeout, or cuts its JSON in half, no traffic moves onto that cluster and Progressing says
+/// the upgrade waits; once it answers well the upgrade completes. A fault that lasts rolls the next upgrade back
+/// at the progress deadline, though that cluster's dashboard still answers badly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faulty_dashboards_hold_traffic_then_the_deadline_rolls_back() {
+    let env = Env::new("faulty").await;
+    env.deploy(50, 25, 1).await;
+    let observer = env.observe(50);
+    let new = env.upgrade_to("ray:2").await;
+    env.eventually("traffic moving", 30, || async {
+        (env.levels().await.1.1 >= 25).then_some(())
+    })
+    .await;
+    for fault in [
+        Fault::ServerError,
+        Fault::Slow(Duration::from_secs(3)),
+        Fault::Truncated,
+    ] {
+        env.dashboard.with(&env.ns, &new, |s| s.fault = Some(fault));
+        // A step already decided on good answers may still land: hold from the next one.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let held = env.levels().await.1.1;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let (_, pending_levels) = env.levels().await;
+        assert!(
+            pending_levels.1 <= held,
+            "{fault:?}: traffic moved onto {new}: {held}% → {}%",
+            pending_levels.1
+        );
+        let rs = env.get().await;
+        let progressing = condition(&rs, "Progressing");
+        assert_eq!(
+            progressing.as_ref().map(|(s, _)| s.as_str()),
+            Some("False"),
+            "{fault:?}: {progressing:?}"
+        );
+        env.dashboard.with(&env.ns, &new, |s| s.fault = None);
+    }
+    env.promoted_to(&new, 60).await;
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    env.patch(json!({"metadata": {"annotations": {"rayshift.io/progress-deadline-seconds": "4"}}}))
+        .await;
+    env.dashboard.new_clusters.lock().unwrap().fault = Some(Fault::Truncated);
+    env.upgrade_to("ray:3").await;
+    env.eventually("rolled back by the deadline", 60, || async {
+        let rs = env.get().await;
+        (pending(&rs).is_none() && active(&rs).as_deref() == Some(new.as_str())).then_some(())
+    })
+    .await;
+    assert_eq!(env.upgrades("rolled_back"), 1.0);
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
 }
 
 /// Everything of an object its authors wrote: not status, resourceVersion or managedFields (Traefik writes

@@ -330,7 +330,10 @@ pub fn gateway(rs: &RayService, ns: &str) -> Gateway {
 
 /// The weighted backends of a route, one per `(cluster, weight)`, each through the cluster's serve Service.
 pub fn backend_refs(rs: &RayService, ns: &str, weights: &[(String, i32)]) -> Value {
-    let port = serve_port(rs);
+    backends_on_port(ns, weights, serve_port(rs))
+}
+
+fn backends_on_port(ns: &str, weights: &[(String, i32)], port: i64) -> Value {
     weights
         .iter()
         .map(|(cluster, weight)| {
@@ -391,13 +394,7 @@ pub fn grpc_route(
 ) -> GrpcRoute {
     let name = rs.metadata.name.clone().unwrap_or_default();
     let port = grpc_port(rs).unwrap_or(rayshift_api::serve_grpc::DEFAULT_GRPC_PORT);
-    let backends: Vec<Value> = weights
-        .iter()
-        .map(|(cluster, weight)| {
-            json!({"group": "", "kind": "Service", "name": cluster_serve_service_name(cluster), "namespace": ns,
-                   "port": port, "weight": weight})
-        })
-        .collect();
+    let backends = backends_on_port(ns, weights, port);
     serde_json::from_value(json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
         "metadata": {"name": grpc_route_name(&name), "namespace": ns, "ownerReferences": [owner_reference(rs)]},

@@ -30,6 +30,15 @@ pub enum Route {
 }
 
 #[derive(Clone)]
+/// A head Pod's Serve proxy: where its requests go.
+pub struct HeadProxy<'a> {
+    pub namespace: &'a str,
+    pub cluster: &'a str,
+    pub pod: &'a str,
+    pub pod_ip: &'a str,
+    pub port: i64,
+}
+
 pub struct Dashboard {
     route: Route,
     timeout: Duration,
@@ -178,24 +187,16 @@ impl Dashboard {
 
     /// Whether the Serve proxy on a head Pod answers `GET /-/healthz` with 200: directly (`template`, with
     /// `{podIP}`, `{port}`, `{pod}`, `{cluster}`, `{namespace}`) or through the apiserver's Pod proxy.
-    pub async fn proxy_healthy(
-        &self,
-        template: &str,
-        namespace: &str,
-        cluster: &str,
-        pod: &str,
-        pod_ip: &str,
-        port: i64,
-    ) -> bool {
+    pub async fn proxy_healthy(&self, template: &str, head: &HeadProxy<'_>) -> bool {
         let timer = self.metrics.dashboard_latency("healthz");
         let healthy = match &self.route {
             Route::Template(_) => {
                 let url = template
-                    .replace("{podIP}", pod_ip)
-                    .replace("{port}", &port.to_string())
-                    .replace("{pod}", pod)
-                    .replace("{cluster}", cluster)
-                    .replace("{namespace}", namespace);
+                    .replace("{podIP}", head.pod_ip)
+                    .replace("{port}", &head.port.to_string())
+                    .replace("{pod}", head.pod)
+                    .replace("{cluster}", head.cluster)
+                    .replace("{namespace}", head.namespace);
                 self.http
                     .get(url)
                     .send()
@@ -203,7 +204,8 @@ impl Dashboard {
                     .is_ok_and(|r| r.status().is_success())
             }
             Route::KubernetesProxy => {
-                let path = format!("/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/-/healthz");
+                let (ns, pod, port) = (head.namespace, head.pod, head.port);
+                let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/-/healthz");
                 match http::Request::get(path).body(Vec::new()) {
                     Ok(req) => matches!(
                         tokio::time::timeout(self.timeout, self.kube.request_text(req)).await,

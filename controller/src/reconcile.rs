@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 use crate::{
     children::{self, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_LABEL},
     context::{Context, ControllerOptions, SERVE_CONFIG_ANNOTATION, apply_child},
-    dashboard::{self, ServeStatus},
+    dashboard::{self, HeadProxy, ServeStatus},
     error::{Error, Result},
     events::EventType,
     metrics::ServiceView,
@@ -665,17 +665,10 @@ async fn update_head_serve_label(
     let want = if rs.spec.exclude_head_pod_from_serve_svc == Some(true) {
         false
     } else {
-        let healthy = match pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()) {
-            Some(ip) => {
+        let healthy = match head_proxy(rs, ns, cluster, pod) {
+            Some(head) => {
                 ctx.dashboard
-                    .proxy_healthy(
-                        &ctx.options.serve_health_url_template,
-                        ns,
-                        cluster,
-                        &pod_name,
-                        ip,
-                        children::serve_port(rs),
-                    )
+                    .proxy_healthy(&ctx.options.serve_health_url_template, &head)
                     .await
             }
             None => false,
@@ -709,6 +702,17 @@ async fn update_head_serve_label(
     )
     .await;
     Ok(failing)
+}
+
+/// Where the head Pod's Serve proxy takes requests, once the Pod has an IP.
+fn head_proxy<'a>(rs: &RayService, ns: &'a str, cluster: &'a str, pod: &'a Pod) -> Option<HeadProxy<'a>> {
+    Some(HeadProxy {
+        namespace: ns,
+        cluster,
+        pod: pod.metadata.name.as_deref()?,
+        pod_ip: pod.status.as_ref()?.pod_ip.as_deref()?,
+        port: children::serve_port(rs),
+    })
 }
 
 /// A Ready Pod carrying the serve label: an endpoint of its cluster's serve Service.

@@ -8,7 +8,7 @@
 #   ray.sh start NAME INDEX APPDIR [ADDRESS]
 #                                      head in netns NAME at 10.250.INDEX.2 (dashboard :8265, Serve :8000), or
 #                                      at ADDRESS (a Pod IP kwok gave the head Pod, in 10.250.128.0/20), joined
-#                                      point to point to the host's 10.250.64+.x
+#                                      point to point to the host's 10.250.64.1 (the same host end for every head)
 #   ray.sh stop NAME                   stop that head and remove its namespace
 #   ray.sh venv                        print the venv directory
 #
@@ -60,7 +60,11 @@ start() {
   local ns_addr="$ns_ip/24"
   if [ -n "$address" ]; then
     # The Pod's own IP: a /32 on each end, each the other's peer (a host route only while the pair exists).
-    local link_ip="10.250.$((64 + index / 250)).$((index % 250 + 1))"
+    # Every pair has the same host end, as every Pod has the same node: kwok hands a deleted Pod's IP to a new
+    # one, and a client's idle keep-alive connection to the old head must meet a RST from the new one (and
+    # retry), as on a real node. With one host address per pair, that RST went to an address the new head
+    # cannot route to, and Traefik's first requests on its stale connections hung for 10 s.
+    local link_ip="10.250.64.1"
     ns_ip=$address host_ip="$link_ip peer $address" ns_addr="$address peer $link_ip"
   fi
   # A head left behind by a killed run would hold these names.

@@ -43,6 +43,19 @@ pub struct ClusterState {
     pub start_delay: Option<std::time::Duration>,
     /// When each PUT arrived, in order (beside `puts`).
     pub put_times: Vec<std::time::Instant>,
+    /// How the status GET misbehaves (faulty dashboards: a chaos test turns these).
+    pub fault: Option<Fault>,
+}
+
+/// A dashboard that answers, but not well.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fault {
+    /// 500 with an error text, as a dashboard whose Serve controller crashed answers.
+    ServerError,
+    /// The answer comes after this long (beyond the controller's client timeout).
+    Slow(std::time::Duration),
+    /// The JSON is cut off half way.
+    Truncated,
 }
 
 #[derive(Clone, Default)]
@@ -187,13 +200,27 @@ async fn healthz(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(Stri
 }
 
 async fn get_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(String, String)>) -> Response {
-    let body = d.with(&ns, &cluster, |s| {
+    let (body, fault) = d.with(&ns, &cluster, |s| {
         s.gets += 1;
-        (!s.down).then(|| status_body(s))
+        ((!s.down).then(|| status_body(s)), s.fault)
     });
-    match body {
-        Some(b) => axum::Json(b).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "dashboard down").into_response(),
+    let Some(body) = body else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "dashboard down").into_response();
+    };
+    match fault {
+        None => axum::Json(body).into_response(),
+        Some(Fault::ServerError) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error").into_response()
+        }
+        Some(Fault::Slow(delay)) => {
+            tokio::time::sleep(delay).await;
+            axum::Json(body).into_response()
+        }
+        Some(Fault::Truncated) => {
+            let text = body.to_string();
+            let cut = text[..text.len() / 2].to_string();
+            ([(axum::http::header::CONTENT_TYPE, "application/json")], cut).into_response()
+        }
     }
 }
 
