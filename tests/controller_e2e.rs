@@ -310,15 +310,9 @@ async fn new_cluster_upgrade_switches_only_to_a_ready_cluster_and_deletes_the_ol
         env.clusters().get_opt(&old).await.unwrap().is_some(),
         "old cluster kept for the deletion delay"
     );
-    env.eventually("old cluster deleted", 30, || async {
-        env.clusters()
-            .get_opt(&old)
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    let clusters = env.clusters();
+    env.eventually("old cluster deleted", 30, || support::wait::gone(&clusters, &old))
+        .await;
     let waited = promoted_at.elapsed();
     assert!(
         waited >= Duration::from_millis(2000),
@@ -596,15 +590,9 @@ async fn deleting_llm_leaves_llm_v2_alone() {
         .delete("llm", &DeleteParams::foreground())
         .await
         .unwrap();
-    env.eventually("llm gone", 60, || async {
-        env.rayservices()
-            .get_opt("llm")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    let rayservices = env.rayservices();
+    env.eventually("llm gone", 60, || support::wait::gone(&rayservices, "llm"))
+        .await;
     let series = |name: &str| format!("name=\"{name}\",namespace=\"{}\"", env.ns);
     env.eventually("llm's series gone", 10, || async {
         (!env.controller.metrics().contains(&series("llm"))).then_some(())

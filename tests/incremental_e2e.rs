@@ -853,13 +853,9 @@ async fn an_adopted_route_keeps_everything_but_the_backends_rayshift_manages() {
         .delete("llm", &Default::default())
         .await
         .unwrap();
-    env.eventually("the RayService gone", 60, || async {
-        env.rayservices()
-            .get_opt("llm")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
+    let rayservices = env.rayservices();
+    env.eventually("the RayService gone", 60, || {
+        support::wait::gone(&rayservices, "llm")
     })
     .await;
     let kept = env.raw::<HttpRoute>(&ns, "public").await;

@@ -11,7 +11,11 @@ pub const DEFAULT_GRPC_PORT: i64 = 9000;
 
 /// The gRPC port Serve listens on for this serveConfigV2, if it serves gRPC at all.
 pub fn grpc_port(serve_config_v2: Option<&str>) -> Option<i64> {
-    let config = parse_serve_config(serve_config_v2?).ok()?;
+    grpc_port_in(&parse_serve_config(serve_config_v2?).ok()?)
+}
+
+/// The same for a config already parsed.
+pub fn grpc_port_in(config: &Value) -> Option<i64> {
     let options = config.get("grpc_options")?;
     let functions = options.get("grpc_servicer_functions").and_then(Value::as_array)?;
     if functions.is_empty() {

@@ -29,7 +29,6 @@ pub enum Route {
     KubernetesProxy,
 }
 
-#[derive(Clone)]
 /// A head Pod's Serve proxy: where its requests go.
 pub struct HeadProxy<'a> {
     pub namespace: &'a str,
@@ -39,6 +38,7 @@ pub struct HeadProxy<'a> {
     pub port: i64,
 }
 
+#[derive(Clone)]
 pub struct Dashboard {
     route: Route,
     timeout: Duration,

@@ -246,12 +246,12 @@ async fn patch_adopted_route(
 ) -> Result<()> {
     let backends = children::backend_refs(p.rs, p.ns, &route_weights(p, status));
     let cached = context::read_child::<HttpRoute>(p.ctx, p.ns, name).await?;
-    if adopted_route_patch(cached, name, rule, &backends)?.is_none() {
+    if patch_for_adopted_route(cached, name, rule, &backends)?.is_none() {
         return Ok(());
     }
     // Patched from a fresh read: its resourceVersion test fails (422) on a cache one write behind.
     let routes = Api::<HttpRoute>::namespaced(p.ctx.client.clone(), p.ns);
-    let Some(patch) = adopted_route_patch(routes.get_opt(name).await?, name, rule, &backends)? else {
+    let Some(patch) = patch_for_adopted_route(routes.get_opt(name).await?, name, rule, &backends)? else {
         return Ok(());
     };
     p.ctx.before_write("HTTPRoute", "patch")?;
@@ -263,8 +263,8 @@ async fn patch_adopted_route(
     Ok(())
 }
 
-/// The patch that gives the adopted route `backends`, if it needs one.
-fn adopted_route_patch(
+/// The patch that gives the adopted route `backends`, if it needs one; a missing route or rule is an error.
+fn patch_for_adopted_route(
     route: Option<HttpRoute>,
     name: &str,
     rule: Option<&str>,
@@ -327,10 +327,11 @@ async fn route_ready(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceS
     }
     let parents = parent_gateways(p, attachment, &route);
     let mut routes = vec![serde_json::to_value(&route).expect("routes serialize")];
-    if let Some(grpc) = grpc_route_carrying(p, attachment, status).await? {
-        routes.push(grpc);
-    } else if children::grpc_port(p.rs).is_some() {
-        return Ok(false);
+    if children::grpc_port(p.rs).is_some() {
+        match grpc_route_carrying(p, attachment, status).await? {
+            Some(grpc) => routes.push(grpc),
+            None => return Ok(false),
+        }
     }
     for (ns, name) in parents {
         let gateway = context::read_child::<Gateway>(p.ctx, &ns, &name).await?;
@@ -344,15 +345,12 @@ async fn route_ready(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceS
     Ok(true)
 }
 
-/// The GRPCRoute (as JSON) when Serve serves gRPC and it carries the status' weights.
+/// The GRPCRoute (as JSON) when it carries the status' weights.
 async fn grpc_route_carrying(
     p: &Pass<'_>,
     attachment: &Attachment,
     status: &RayServiceStatuses,
 ) -> Result<Option<serde_json::Value>> {
-    if children::grpc_port(p.rs).is_none() {
-        return Ok(None);
-    }
     let name = children::grpc_route_name(&p.rs.name_any());
     let Some(route) = context::read_child::<GrpcRoute>(p.ctx, p.ns, &name).await? else {
         return Ok(None);

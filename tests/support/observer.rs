@@ -54,6 +54,22 @@ pub struct Seen {
     pub rayservice_versions: usize,
 }
 
+/// A route's weight per RayCluster, from the backendRefs to `<cluster>-serve-svc`: only those are rayshift's
+/// (an adopted route has rules of its own).
+pub fn route_weights(route: &HttpRoute) -> BTreeMap<String, i64> {
+    route
+        .spec
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|r| r.backend_refs.iter().flatten())
+        .filter_map(|b| {
+            let cluster = b.name.strip_suffix("-serve-svc")?;
+            Some((cluster.to_string(), i64::from(b.weight.unwrap_or(1))))
+        })
+        .collect()
+}
+
 pub struct Observer {
     pub seen: Arc<Mutex<Seen>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -134,18 +150,7 @@ impl Observer {
         tasks.push(tokio::spawn(async move {
             let mut stream = watcher(routes, cfg).default_backoff().applied_objects().boxed();
             while let Some(Ok(route)) = stream.next().await {
-                let weights: BTreeMap<String, i64> = route
-                    .spec
-                    .rules
-                    .iter()
-                    .flatten()
-                    .flat_map(|r| r.backend_refs.iter().flatten())
-                    // Only a cluster's serve Service is rayshift's; an adopted route has rules of its own.
-                    .filter_map(|b| {
-                        let cluster = b.name.strip_suffix("-serve-svc")?;
-                        Some((cluster.to_string(), i64::from(b.weight.unwrap_or(1))))
-                    })
-                    .collect();
+                let weights = route_weights(&route);
                 let mut seen = s.lock().unwrap();
                 if seen.routes.last().is_some_and(|(_, w)| *w == weights) {
                     continue;

@@ -27,7 +27,10 @@ use kube::{
 };
 use serde_json::json;
 
-use super::cluster::{ControlPlane, repo};
+use super::{
+    cluster::{ControlPlane, repo},
+    observer::route_weights,
+};
 
 /// Traefik's Gateway API controller name.
 pub const CONTROLLER: &str = "traefik.io/gateway-controller";
@@ -223,20 +226,6 @@ impl Drop for TraefikGateway {
     }
 }
 
-fn weights(route: &HttpRoute) -> BTreeMap<String, i64> {
-    route
-        .spec
-        .rules
-        .iter()
-        .flatten()
-        .flat_map(|r| r.backend_refs.iter().flatten())
-        .filter_map(|b| {
-            let cluster = b.name.strip_suffix("-serve-svc")?;
-            Some((cluster.to_string(), i64::from(b.weight.unwrap_or(1))))
-        })
-        .collect()
-}
-
 fn accepted_by_traefik(route: &HttpRoute) -> bool {
     let g = route.metadata.generation;
     route.status.as_ref().is_some_and(|s| {
@@ -263,7 +252,7 @@ async fn follow(routes: Api<HttpRoute>, seen: Arc<Mutex<Vec<RouteWeights>>>) {
                 generation,
                 seen: now,
                 accepted: None,
-                weights: weights(&route),
+                weights: route_weights(&route),
             });
         }
         let last = seen.last_mut().expect("pushed above");

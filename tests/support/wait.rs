@@ -31,6 +31,14 @@ where
     }
 }
 
+/// `Some` once the object is gone from the apiserver (an `eventually` check).
+pub async fn gone<K>(api: &kube::Api<K>, name: &str) -> Option<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.unwrap().is_none().then_some(())
+}
+
 /// The last `n` lines of a log, oldest first.
 pub fn tail(log: &str, n: usize) -> String {
     let lines: Vec<&str> = log.lines().collect();

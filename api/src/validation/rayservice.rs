@@ -15,7 +15,7 @@ use crate::{
     feature_gates::RAY_SERVICE_INCREMENTAL_UPGRADE,
     gateway_attachment::{Attachment, HTTP_ROUTE_ANNOTATION},
     rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
-    serve_grpc::grpc_port,
+    serve_grpc::grpc_port_in,
     upgrade_control::{self, PROGRESS_DEADLINE_ANNOTATION},
 };
 
@@ -106,8 +106,9 @@ pub fn validate(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationCo
     raycluster::validate_cluster_spec(&new.spec.ray_cluster_config, annotations, cfg, &mut v);
     upgrade_strategy(new, cfg, &mut v);
     let incremental = new.spec.upgrade_type() == Some(UpgradeType::NewClusterWithIncrementalUpgrade);
-    serve_config::check(new.spec.serve_config_v2.as_deref(), incremental, &mut v);
-    gateway_attachment(new, annotations, incremental, &mut v);
+    let serve_config = serve_config::check(new.spec.serve_config_v2.as_deref(), incremental, &mut v);
+    let grpc = serve_config.as_ref().and_then(grpc_port_in);
+    gateway_attachment(new, annotations, incremental, grpc, &mut v);
     if let Some(old) = old {
         options_changed_mid_upgrade(new, old, &mut v);
     }
@@ -590,6 +591,7 @@ fn gateway_attachment(
     rs: &RayService,
     annotations: &BTreeMap<String, String>,
     incremental: bool,
+    grpc_port: Option<i64>,
     v: &mut Verdict,
 ) {
     if !incremental {
@@ -605,16 +607,15 @@ fn gateway_attachment(
     let ns = rs.metadata.namespace.as_deref().unwrap_or("default");
     match Attachment::from_annotations(annotations, ns) {
         Err(e) => v.error(e),
-        Ok(Attachment::AdoptedRoute { .. }) if grpc_port(rs.spec.serve_config_v2.as_deref()).is_some() => v
-            .error(FieldError::forbidden(
-                format!("metadata.annotations[{HTTP_ROUTE_ANNOTATION}]"),
-                "grpc-adopted-route",
-                "serveConfigV2 serves gRPC (grpc_options), which moves with rayshift's own GRPCRoute: use \
+        Ok(Attachment::AdoptedRoute { .. }) if grpc_port.is_some() => v.error(FieldError::forbidden(
+            format!("metadata.annotations[{HTTP_ROUTE_ANNOTATION}]"),
+            "grpc-adopted-route",
+            "serveConfigV2 serves gRPC (grpc_options), which moves with rayshift's own GRPCRoute: use \
                  rayshift.io/gateway (a shared Gateway) or no annotation instead of an adopted HTTPRoute",
-            )),
+        )),
         Ok(_) => {}
     }
-    if let Some(port) = grpc_port(rs.spec.serve_config_v2.as_deref()).filter(|p| !(1..=65535).contains(p)) {
+    if let Some(port) = grpc_port.filter(|p| !(1..=65535).contains(p)) {
         v.error(FieldError::invalid(
             "spec.serveConfigV2",
             port,

@@ -13,8 +13,9 @@ pub fn parse_serve_config(text: &str) -> Result<Value, yaml_serde::Error> {
     yaml_serde::from_str(text)
 }
 
-/// Checks the config parses and names its applications well enough for Serve to accept it.
-pub(crate) fn check(text: Option<&str>, incremental: bool, v: &mut Verdict) {
+/// Checks the config parses and names its applications well enough for Serve to accept it; returns it
+/// parsed, for the rules that read it further.
+pub(crate) fn check(text: Option<&str>, incremental: bool, v: &mut Verdict) -> Option<Value> {
     let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
         v.error(FieldError::required(
             FIELD,
@@ -22,7 +23,7 @@ pub(crate) fn check(text: Option<&str>, incremental: bool, v: &mut Verdict) {
             "a RayService needs at least one Serve application: the service is Ready only when its \
              applications are RUNNING",
         ));
-        return;
+        return None;
     };
     let config = match parse_serve_config(text) {
         Ok(c) => c,
@@ -33,9 +34,14 @@ pub(crate) fn check(text: Option<&str>, incremental: bool, v: &mut Verdict) {
                 "serve-config-yaml",
                 format!("must be valid YAML: {e}"),
             ));
-            return;
+            return None;
         }
     };
+    check_parsed(&config, incremental, v);
+    Some(config)
+}
+
+fn check_parsed(config: &Value, incremental: bool, v: &mut Verdict) {
     let Some(apps) = config.get("applications").and_then(Value::as_array) else {
         v.error(FieldError::required(
             format!("{FIELD}.applications"),
