@@ -33,7 +33,7 @@ use support::{
     observer::Observer,
     ray::{Call, RayHeads, replicas_at},
     status::{active, pending},
-    traefik::{self, TraefikGateway},
+    traefik::{self, RouteWeights, TraefikGateway},
 };
 
 const GATE: &str = "--feature-gates=RayServiceIncrementalUpgrade=true";
@@ -325,8 +325,14 @@ impl Drop for MemoryPeak {
     }
 }
 
-/// Failed responses: not 2xx, no response, an unknown body, or slower than the bound.
-fn failures(responses: &[Response], versions: &[&str], from: Instant) -> Vec<String> {
+/// Failed responses: not 2xx, no response, an unknown body, or slower than the bound; each with the route
+/// version it was sent under (how long after the apiserver and Traefik had it).
+fn failures(
+    responses: &[Response],
+    versions: &[&str],
+    from: Instant,
+    routes: &[RouteWeights],
+) -> Vec<String> {
     responses
         .iter()
         .filter_map(|r| {
@@ -336,8 +342,21 @@ fn failures(responses: &[Response], versions: &[&str], from: Instant) -> Vec<Str
                 Some(_) if r.latency > LATENCY_BOUND => format!("took {:?}", r.latency),
                 Some(_) => return None,
             };
+            let route = routes
+                .iter()
+                .rfind(|w| w.seen <= r.sent)
+                .map_or_else(String::new, |w| {
+                    let accepted = w.accepted.map_or("not yet".into(), |a| {
+                        format!("{:.3} s", a.saturating_duration_since(w.seen).as_secs_f64())
+                    });
+                    format!(
+                        ", {:.3} s after route {:?} was seen (Traefik accepted it {accepted} after)",
+                        r.sent.saturating_duration_since(w.seen).as_secs_f64(),
+                        w.weights
+                    )
+                });
             Some(format!(
-                "sent at {:.3} s: {why}",
+                "sent at {:.3} s: {why}{route}",
                 r.sent.saturating_duration_since(from).as_secs_f64()
             ))
         })
@@ -570,7 +589,7 @@ fn check_phase(
     ran: Duration,
     responses: &[Response],
 ) -> Vec<String> {
-    let failed = failures(responses, phase.versions, from);
+    let failed = failures(responses, phase.versions, from, &env.gateway.routes());
     let (shares, misses) = share_table(env, from, to, responses, phase.new_cluster, phase.new);
     let (capacities, capacity_problems) = capacity_table(env, &[phase.old_cluster, phase.new_cluster], from);
     let (raises, raise_problems) = raises_checked(env, from);
@@ -709,7 +728,7 @@ impl Env {
         let mut problems = check_phase(self, &phase, from, to, ran, &responses);
         problems.append(&mut problems_before);
         problems.extend(endpoints_checked(self, from, to));
-        let failed = failures(&responses, phase.versions, from).len();
+        let failed = failures(&responses, phase.versions, from, &self.gateway.routes()).len();
         self.summary.push_str(&phase_row(title, ran, &responses, failed));
         if let Some((ran, responses)) = grpc {
             let title = format!("{title} (gRPC)");
@@ -718,7 +737,7 @@ impl Env {
                 ..phase
             };
             problems.extend(check_phase(self, &phase, from, to, ran, &responses));
-            let failed = failures(&responses, phase.versions, from).len();
+            let failed = failures(&responses, phase.versions, from, &self.gateway.routes()).len();
             self.summary.push_str(&phase_row(&title, ran, &responses, failed));
         }
         let tail: Vec<_> = responses
@@ -847,12 +866,8 @@ async fn zero_downtime_through_traefik_upgrades_restart_abort_and_rollback() {
     );
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ray-serve-e2e-report.md");
     std::fs::write(&path, &report).unwrap();
-    println!("{report}\n(report written to {})", path.display());
-    assert!(
-        problems.is_empty(),
-        "problems:\n{}\n\n{report}",
-        problems.join("\n")
-    );
+    println!("(report written to {})", path.display());
+    conclude(&env, problems, &report);
 }
 
 /// `--use-kubernetes-proxy`: the controller reaches the real dashboard through the apiserver's service proxy
@@ -927,10 +942,21 @@ async fn grpc_moves_with_http_through_traefik() {
         "# gRPC and HTTP through Traefik, real Ray Serve\n\n| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) |\n|---|---|---|---|---|---|---|\n{}{}",
         env.summary, env.report
     );
+    conclude(&env, problems, &report);
+}
+
+/// Prints the problems (first: a CI excerpt shows the start of the output), then the report, and fails on any.
+fn conclude(env: &Env, mut problems: Vec<String>, report: &str) {
+    if !problems.is_empty() {
+        // Which server each slow request went to (Traefik's access log): a hung backend or the gateway.
+        problems.extend(
+            env.gateway
+                .slow_requests(LATENCY_BOUND / 2)
+                .into_iter()
+                .map(|l| format!("Traefik access log: {l}")),
+        );
+        println!("problems:\n{}\n", problems.join("\n"));
+    }
     println!("{report}");
-    assert!(
-        problems.is_empty(),
-        "problems:\n{}\n\n{report}",
-        problems.join("\n")
-    );
+    assert!(problems.is_empty(), "problems:\n{}", problems.join("\n"));
 }

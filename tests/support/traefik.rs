@@ -205,6 +205,37 @@ impl TraefikGateway {
         by_service
     }
 
+    /// Access-log lines of requests that took at least `bound` or that Traefik answered 499/5xx: which server
+    /// each went to, when, and how long the server took (a timed-out request names the backend that hung).
+    pub fn slow_requests(&self, bound: std::time::Duration) -> Vec<String> {
+        let bound = bound.as_nanos() as u64;
+        std::fs::read_to_string(self.dir.join("access.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| {
+                v["Duration"].as_u64().is_some_and(|d| d >= bound)
+                    || v["DownstreamStatus"]
+                        .as_u64()
+                        .is_some_and(|s| s == 499 || s >= 500)
+            })
+            .map(|v| {
+                format!(
+                    "{} {} → {} ({}) status {}/{} took {:.3} s, origin {:.3} s, retries {}",
+                    v["StartUTC"].as_str().unwrap_or("?"),
+                    v["RequestPath"].as_str().unwrap_or("?"),
+                    v["ServiceURL"].as_str().unwrap_or("(none)"),
+                    v["ServiceName"].as_str().unwrap_or("(none)"),
+                    v["OriginStatus"],
+                    v["DownstreamStatus"],
+                    v["Duration"].as_f64().unwrap_or_default() / 1e9,
+                    v["OriginDuration"].as_f64().unwrap_or_default() / 1e9,
+                    v["RetryAttempts"],
+                )
+            })
+            .collect()
+    }
+
     /// Stops Traefik (a Gateway controller that is down: nothing accepts new generations).
     pub fn stop(&self) {
         let _ = Command::new("bash")
