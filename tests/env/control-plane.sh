@@ -7,6 +7,9 @@
 #   control-plane.sh start DIR      start etcd, kube-apiserver and kube-controller-manager on random loopback
 #                                   ports; writes DIR/kubeconfig (admin) and DIR/kubeconfig-rayshift
 #   control-plane.sh stop DIR       stop what `start DIR` started (by PID) and remove DIR
+#   control-plane.sh restart-apiserver DIR [compact]
+#                                   kill -9 kube-apiserver and start it again on the same port and etcd; with
+#                                   `compact`, compact etcd while it is down (resumed watches get 410 Gone)
 #   control-plane.sh bin            print the directory holding the binaries
 #   control-plane.sh version        print the Kubernetes and etcd versions
 #
@@ -184,6 +187,7 @@ start() {
   openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
   openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
   : >"$dir/pids"
+  echo "$etcd_port $api_port" >"$dir/ports"
   start_etcd "$dir" "$etcd_port"
   start_apiserver "$dir" "$etcd_port" "$api_port"
   local url="https://127.0.0.1:$api_port"
@@ -207,6 +211,33 @@ start() {
   echo "$dir/kubeconfig"
 }
 
+# Stops kube-apiserver (SIGKILL: no graceful shutdown, every watch cut) and starts it again on the same port over
+# the same etcd. With `compact`, etcd is compacted to its head revision while the apiserver is down, so a client
+# that resumes a watch from its last resourceVersion gets 410 Gone and must list again.
+restart_apiserver() {
+  local dir=${1:?usage: restart-apiserver DIR [compact]} mode=${2:-} etcd_port api_port old
+  read -r etcd_port api_port <"$dir/ports"
+  old=$(sed -n 2p "$dir/pids")
+  kill -9 "$old" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
+  if [ "$mode" = compact ]; then
+    local rev
+    rev=$(curl -sf -X POST "http://127.0.0.1:$etcd_port/v3/kv/range" -d '{"key":"AA=="}' |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["header"]["revision"])')
+    curl -sf -X POST "http://127.0.0.1:$etcd_port/v3/kv/compaction" -d "{\"revision\":\"$rev\",\"physical\":true}" >/dev/null
+    log "etcd compacted to revision $rev"
+  fi
+  start_apiserver "$dir" "$etcd_port" "$api_port"
+  # start_apiserver appended the new pid; put it where the old one was (stop's order stays right).
+  local new
+  new=$(tail -n 1 "$dir/pids")
+  sed -i '$d' "$dir/pids"
+  sed -i "2s/.*/$new/" "$dir/pids"
+  local admin
+  admin=$(head -n 1 "$dir/tokens.csv" | cut -d, -f1)
+  wait_ready "https://127.0.0.1:$api_port" "$admin" || die "kube-apiserver did not come back"
+}
+
 stop() {
   local dir=${1:?usage: stop DIR}
   [ -d "$dir" ] || return 0
@@ -227,6 +258,7 @@ case "${1:-}" in
   install) install ;;
   start) shift; start "$@" ;;
   stop) shift; stop "$@" ;;
+  restart-apiserver) shift; restart_apiserver "$@" ;;
   bin) echo "$BIN" ;;
   version) echo "Kubernetes v$KUBE_VERSION, etcd v$ETCD_VERSION" ;;
   *) echo "usage: $0 install | start DIR | stop DIR | bin | version" >&2; exit 2 ;;

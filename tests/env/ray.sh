@@ -129,6 +129,11 @@ stop() {
   ns_if=$($SUDO ip netns exec "$name" ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | head -n1)
   [ -n "$ns_if" ] && $SUDO ip link del "${ns_if%n}h" 2>/dev/null || true
   $SUDO ip netns del "$name" 2>/dev/null || true
+  if [ -n "${RAYSHIFT_KEEP_RAY_LOGS:-}" ]; then
+    # Serve's proxy and replica logs, to follow a request that hung (debugging only).
+    mkdir -p "$RAYSHIFT_KEEP_RAY_LOGS"
+    cp -rL "/tmp/ray-$name/session_latest/logs" "$RAYSHIFT_KEEP_RAY_LOGS/$name" 2>/dev/null || true
+  fi
   rm -rf "/tmp/ray-$name" "/tmp/ray-$name.log"
 }
 
