@@ -15,7 +15,10 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::rayservice::{ClusterServiceStatus, ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT};
+use crate::{
+    rayservice::{ClusterServiceStatus, ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT},
+    upgrade_control::DEFAULT_DRAIN_SECONDS,
+};
 
 /// Which of the two clusters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,6 +45,8 @@ pub struct UpgradeOptions {
     pub step_size_percent: i32,
     /// Minimum time between two traffic steps.
     pub interval: SignedDuration,
+    /// How long a cluster whose traffic went to 0 keeps its last replicas after that step (see `draining`).
+    pub drain: SignedDuration,
 }
 
 impl UpgradeOptions {
@@ -55,7 +60,16 @@ impl UpgradeOptions {
             max_surge_percent: surge,
             step_size_percent: step,
             interval: SignedDuration::from_secs(i64::from(interval)),
+            drain: SignedDuration::from_secs(DEFAULT_DRAIN_SECONDS),
         })
+    }
+
+    /// The same options with another drain time, in seconds.
+    pub fn with_drain_seconds(self, seconds: i64) -> Self {
+        Self {
+            drain: SignedDuration::from_secs(seconds),
+            ..self
+        }
     }
 }
 
@@ -121,6 +135,8 @@ pub enum WaitReason {
     RouteNotReady,
     PendingCapacityNotReady,
     ActiveCapacityNotReady,
+    /// A cluster whose traffic just went to 0 keeps its replicas until the drain time has passed.
+    Draining,
     Paused,
 }
 
@@ -132,6 +148,7 @@ impl WaitReason {
             WaitReason::RouteNotReady => "WaitingForGateway",
             WaitReason::PendingCapacityNotReady => "WaitingForPendingCapacity",
             WaitReason::ActiveCapacityNotReady => "WaitingForActiveCapacity",
+            WaitReason::Draining => "Draining",
             WaitReason::Paused => "Paused",
         }
     }
@@ -210,10 +227,10 @@ fn forward(opts: &UpgradeOptions, obs: &Observed) -> Action {
         if a.capacity + p.capacity > 100 {
             // Never below the traffic the active cluster still carries.
             let percent = (a.capacity - opts.max_surge_percent).max(a.traffic).max(0);
-            return Action::SetTargetCapacity {
+            return drained_first(opts, obs, percent).unwrap_or(Action::SetTargetCapacity {
                 role: Role::Active,
                 percent,
-            };
+            });
         }
         if p.capacity < 100 {
             let percent = (p.capacity + opts.max_surge_percent).min(100);
@@ -258,10 +275,10 @@ fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
         if a.capacity + pending_capacity > 100 {
             // Never below the traffic the pending cluster still carries (KubeRay bug 9.7).
             let percent = (p.capacity - opts.max_surge_percent).max(p.traffic).max(0);
-            return Action::SetTargetCapacity {
+            return drained_first(opts, obs, percent).unwrap_or(Action::SetTargetCapacity {
                 role: Role::Pending,
                 percent,
-            };
+            });
         }
         if a.capacity < 100 {
             let percent = (a.capacity + opts.max_surge_percent).min(100);
@@ -271,10 +288,10 @@ fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
             };
         }
         // Active is at 100/100 and the sum is within bounds: only the pending capacity is left.
-        return Action::SetTargetCapacity {
+        return drained_first(opts, obs, 0).unwrap_or(Action::SetTargetCapacity {
             role: Role::Pending,
             percent: 0,
-        };
+        });
     }
     if !obs.active_capacity_ready {
         return wait(WaitReason::ActiveCapacityNotReady);
@@ -310,6 +327,19 @@ fn over_surge(opts: &UpgradeOptions, obs: &Observed) -> Option<Action> {
     Some(Action::SetTargetCapacity {
         role: Role::Pending,
         percent: (bound - a.capacity).max(p.traffic),
+    })
+}
+
+/// A cut to 0 waits until `drain` after the traffic step that took the cluster's last traffic. The gateway
+/// may still send it requests under the previous weights for a moment (the route's status can come before
+/// the data plane, and requests already dispatched are on their way), and Ray Serve holds a request for a
+/// deployment without replicas until one appears, which at target_capacity 0 never happens: the request
+/// hangs. Partial cuts leave replicas to serve such stragglers.
+fn drained_first(opts: &UpgradeOptions, obs: &Observed, percent: i32) -> Option<Action> {
+    let until = obs.last_traffic_step?.checked_add(opts.drain).ok()?;
+    (percent == 0 && until > obs.now).then_some(Action::Wait {
+        until: Some(until),
+        reason: WaitReason::Draining,
     })
 }
 

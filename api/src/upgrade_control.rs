@@ -10,6 +10,9 @@ pub const UPGRADE_CONTROL_ANNOTATION: &str = "rayshift.io/upgrade-control";
 /// Seconds without a successful step before the upgrade rolls back by itself.
 pub const PROGRESS_DEADLINE_ANNOTATION: &str = "rayshift.io/progress-deadline-seconds";
 pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: i64 = 600;
+/// Seconds a cluster whose traffic went to 0 keeps its last replicas before its target_capacity goes to 0.
+pub const DRAIN_ANNOTATION: &str = "rayshift.io/drain-seconds";
+pub const DEFAULT_DRAIN_SECONDS: i64 = 5;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Control {
@@ -47,6 +50,21 @@ pub fn progress_deadline(annotations: &BTreeMap<String, String>, default: i64) -
 pub fn invalid_progress_deadline(annotations: &BTreeMap<String, String>) -> Option<&str> {
     let raw = annotations.get(PROGRESS_DEADLINE_ANNOTATION)?;
     (raw.trim().parse::<i64>().ok().filter(|v| *v > 0).is_none()).then_some(raw.as_str())
+}
+
+/// The drain time in seconds: the annotation (0 or more), else the operator default.
+pub fn drain_seconds(annotations: &BTreeMap<String, String>, default: i64) -> i64 {
+    annotations
+        .get(DRAIN_ANNOTATION)
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .filter(|v| *v >= 0)
+        .unwrap_or(default)
+}
+
+/// The drain annotation's value when it is not a whole number of seconds ≥ 0 (admission denies it).
+pub fn invalid_drain(annotations: &BTreeMap<String, String>) -> Option<&str> {
+    let raw = annotations.get(DRAIN_ANNOTATION)?;
+    (raw.trim().parse::<i64>().ok().filter(|v| *v >= 0).is_none()).then_some(raw.as_str())
 }
 
 /// Whether the upgrade has gone longer than the deadline without progress. Waiting for a step that is not
@@ -115,5 +133,12 @@ mod tests {
         assert_eq!(invalid_progress_deadline(&d), None);
         let bad = BTreeMap::from([(PROGRESS_DEADLINE_ANNOTATION.to_string(), "10m".to_string())]);
         assert_eq!(invalid_progress_deadline(&bad), Some("10m"));
+        let drain = |v: &str| BTreeMap::from([(DRAIN_ANNOTATION.to_string(), v.to_string())]);
+        assert_eq!(drain_seconds(&drain("0"), 5), 0);
+        assert_eq!(drain_seconds(&drain("30"), 5), 30);
+        assert_eq!(drain_seconds(&BTreeMap::new(), 5), 5);
+        assert_eq!(invalid_drain(&drain("-1")), Some("-1"));
+        assert_eq!(invalid_drain(&drain("5s")), Some("5s"));
+        assert_eq!(invalid_drain(&drain("5")), None);
     }
 }

@@ -60,6 +60,8 @@ pub struct ControllerOptions {
     pub skip_gateway_status_check: bool,
     /// Operator default of the progress deadline (the annotation overrides it).
     pub progress_deadline_seconds: i64,
+    /// Default drain time before a cluster that lost its traffic goes to target_capacity 0.
+    pub drain_seconds: i64,
     /// How often a serving head's Serve proxy is checked when nothing else is due.
     pub serve_health_interval: Duration,
     /// Where a head Pod's Serve proxy health check is (template route): `{podIP}`, `{port}`, `{pod}`,
@@ -79,6 +81,7 @@ impl Default for ControllerOptions {
             field_manager: "rayshift".to_string(),
             skip_gateway_status_check: false,
             progress_deadline_seconds: rayshift_api::upgrade_control::DEFAULT_PROGRESS_DEADLINE_SECONDS,
+            drain_seconds: rayshift_api::upgrade_control::DEFAULT_DRAIN_SECONDS,
             serve_health_interval: Duration::from_secs(10),
             serve_health_url_template: dashboard::DEFAULT_HEALTH_URL_TEMPLATE.to_string(),
         }

@@ -48,6 +48,11 @@ pub enum Error {
     AdoptedRuleMissing { route: String, rule: Option<String> },
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error(
+        "leader election: the retry period ({:?}) must be shorter than the renew deadline ({:?}), and that shorter than the lease duration ({:?})",
+        .0.retry, .0.renew_deadline, .0.lease_duration
+    )]
+    LeaseTiming(crate::leader::LeaseTiming),
     #[error("not the leader: this replica no longer holds the leader Lease, so it writes nothing")]
     NotLeader,
     #[error("the {0} cache stopped: its watch is gone")]
@@ -71,7 +76,7 @@ impl Error {
             Error::ServeConfig(_) | Error::ServeConfigNotAMapping | Error::UnknownServeConfig { .. } => {
                 "serve_config"
             }
-            Error::UnusableUpgradeOptions | Error::GatewayAttachment(_) => "invalid",
+            Error::UnusableUpgradeOptions | Error::GatewayAttachment(_) | Error::LeaseTiming(_) => "invalid",
             Error::AdoptedRouteMissing { .. } | Error::AdoptedRuleMissing { .. } => "gateway",
             Error::Metrics(_) => "metrics",
             Error::NotLeader => "not_leader",

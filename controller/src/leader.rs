@@ -21,6 +21,8 @@ use kube::{
 };
 use tokio::sync::watch;
 
+use crate::{Error, Result};
+
 #[derive(Clone, Debug)]
 pub struct LeaderElection {
     pub namespace: String,
@@ -68,17 +70,50 @@ impl Leadership {
     }
 }
 
+/// How long a Lease lasts, how long a leader keeps writing without renewing it, and how often replicas try:
+/// `retry < renew_deadline < lease_duration` (kube-controller-manager's rule), so a leader stops writing before
+/// another replica can take the Lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTiming {
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry: Duration,
+}
+
+impl Default for LeaseTiming {
+    fn default() -> Self {
+        Self {
+            lease_duration: Duration::from_secs(10),
+            renew_deadline: Duration::from_secs(7),
+            retry: Duration::from_secs(2),
+        }
+    }
+}
+
+impl LeaseTiming {
+    pub fn checked(self) -> Result<Self> {
+        match self.retry < self.renew_deadline && self.renew_deadline < self.lease_duration {
+            true => Ok(self),
+            false => Err(Error::LeaseTiming(self)),
+        }
+    }
+}
+
 impl LeaderElection {
     pub fn new(namespace: String, name: String, identity: String) -> Self {
-        let renew_deadline = Duration::from_secs(7);
+        Self::with_timing(namespace, name, identity, LeaseTiming::default())
+    }
+
+    /// `timing` must be `checked()`.
+    pub fn with_timing(namespace: String, name: String, identity: String, timing: LeaseTiming) -> Self {
         Self {
             namespace,
             name,
             identity,
-            lease_duration: Duration::from_secs(10),
-            renew_deadline,
-            retry: Duration::from_secs(2),
-            leadership: Arc::new(Leadership::new(renew_deadline)),
+            lease_duration: timing.lease_duration,
+            renew_deadline: timing.renew_deadline,
+            retry: timing.retry,
+            leadership: Arc::new(Leadership::new(timing.renew_deadline)),
         }
     }
 

@@ -56,6 +56,11 @@ pub struct ControllerArgs {
     /// Re-read Serve status this often while a due traffic step waits only for its capacity to be verified.
     #[arg(long, default_value = "0.05", value_parser = duration_at_least(0.01))]
     capacity_poll_interval_seconds: Duration,
+    /// Seconds a cluster whose traffic went to 0 keeps its last replicas before its target_capacity goes to 0:
+    /// requests a gateway still sends it under the previous weights are served, not held by a Serve proxy
+    /// with no replica (annotation rayshift.io/drain-seconds overrides it).
+    #[arg(long, default_value_t = rayshift_api::upgrade_control::DEFAULT_DRAIN_SECONDS, value_parser = clap::value_parser!(i64).range(0..))]
+    drain_seconds: i64,
     /// Re-read Serve status this often when settled (writes only on change).
     #[arg(long, default_value = "60", value_parser = duration_at_least(1.0))]
     resync_interval_seconds: Duration,
@@ -71,6 +76,15 @@ pub struct ControllerArgs {
     /// Name of the leader Lease.
     #[arg(long, default_value = "rayshift-controller")]
     leader_election_id: String,
+    /// How long a leader Lease lasts unrenewed before another replica may take it.
+    #[arg(long, default_value = "10s", value_parser = duration_at_least(0.1))]
+    leader_elect_lease_duration: Duration,
+    /// How long the leader keeps writing after its last renewal (shorter than the lease duration).
+    #[arg(long, default_value = "7s", value_parser = duration_at_least(0.1))]
+    leader_elect_renew_deadline: Duration,
+    /// How often replicas try to take or renew the Lease (shorter than the renew deadline).
+    #[arg(long, default_value = "2s", value_parser = duration_at_least(0.05))]
+    leader_elect_retry_period: Duration,
 }
 
 impl ControllerArgs {
@@ -87,6 +101,7 @@ impl ControllerArgs {
             resync_interval: self.resync_interval_seconds,
             skip_gateway_status_check: self.skip_gateway_status_check,
             progress_deadline_seconds: deadline.progress_deadline_seconds,
+            drain_seconds: self.drain_seconds,
             serve_health_url_template: self.serve_health_url_template.clone(),
             serve_health_interval: self.serve_health_interval_seconds,
             ..ControllerOptions::default()
@@ -98,7 +113,13 @@ impl ControllerArgs {
         gates: FeatureGates,
         managed_by: &str,
         deadline: &DeadlineArgs,
-    ) -> rayshift_controller::RunConfig {
+    ) -> Result<rayshift_controller::RunConfig, CliError> {
+        let timing = rayshift_controller::leader::LeaseTiming {
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry: self.leader_elect_retry_period,
+        }
+        .checked()?;
         let leader_election = self.leader_elect.then(|| {
             let ns = self
                 .leader_election_namespace
@@ -110,16 +131,21 @@ impl ControllerArgs {
                 let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
                 format!("{}-{}", host.trim(), std::process::id())
             });
-            rayshift_controller::leader::LeaderElection::new(ns, self.leader_election_id.clone(), identity)
+            rayshift_controller::leader::LeaderElection::with_timing(
+                ns,
+                self.leader_election_id.clone(),
+                identity,
+                timing,
+            )
         });
-        rayshift_controller::RunConfig {
+        Ok(rayshift_controller::RunConfig {
             namespace: self.namespace.clone(),
             options: self.options(gates, managed_by, deadline),
             dashboard_route: self.route(),
             dashboard_timeout: self.dashboard_timeout_seconds,
             leader_election,
             readiness: rayshift_controller::Readiness::default(),
-        }
+        })
     }
 
     fn route(&self) -> dashboard::Route {
@@ -170,7 +196,7 @@ pub fn run(cmd: Command) -> Result<ExitCode, CliError> {
         let client = cmd.controller.client().await?;
         let config = cmd
             .controller
-            .run_config(cmd.gates.gates(), &cmd.managed_by, &cmd.deadline);
+            .run_config(cmd.gates.gates(), &cmd.managed_by, &cmd.deadline)?;
         let readiness = rayshift_controller::Readiness::for_config(&config);
         let ready = Arc::new(move || readiness.ready());
         let admin_task = serve_metrics(cmd.metrics_addr, &registry, ready, &shutdown).await?;
@@ -205,7 +231,7 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
             cmd.webhook.gates.gates(),
             &cmd.webhook.managed_by,
             &cmd.webhook.deadline,
-        );
+        )?;
         // One process, one /readyz: both halves must be ready.
         let (hook_ready, controller) = (
             hook.readiness(),

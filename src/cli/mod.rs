@@ -89,9 +89,11 @@ impl CliError {
     /// 2 when the input, the flags or a file they name are bad; 1 when running failed.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Read { .. } | CliError::Document { .. } | CliError::Api(_) | CliError::Json(_) => {
-                EXIT_UNREADABLE
-            }
+            CliError::Read { .. }
+            | CliError::Document { .. }
+            | CliError::Api(_)
+            | CliError::Json(_)
+            | CliError::Controller(rayshift_controller::Error::LeaseTiming(_)) => EXIT_UNREADABLE,
             CliError::Webhook(_) | CliError::Controller(_) | CliError::Kube(_) | CliError::Runtime(_) => {
                 EXIT_RUNTIME
             }

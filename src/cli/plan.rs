@@ -7,7 +7,7 @@ use rayshift_api::{
     UpgradeType, defaulting, documents,
     gateway_attachment::Attachment,
     upgrade::{self, Plan, UpgradeOptions},
-    validation,
+    upgrade_control, validation,
 };
 
 use super::{CliError, DefaultsArgs, EXIT_DENIED, Output, rayservice_documents};
@@ -59,10 +59,12 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         println!("RayService {name} uses {what}; there is no incremental plan.");
         return Ok(ExitCode::SUCCESS);
     }
+    let drain = upgrade_control::drain_seconds(rs.annotations(), upgrade_control::DEFAULT_DRAIN_SECONDS);
     let Some(opts) = rs
         .spec
         .cluster_upgrade_options()
         .and_then(UpgradeOptions::from_spec)
+        .map(|o| o.with_drain_seconds(drain))
     else {
         eprintln!(
             "RayService {name}: clusterUpgradeOptions cannot make progress (need stepSizePercent and \

@@ -286,6 +286,25 @@ impl ControlPlane {
         }
     }
 
+    /// SIGKILLs kube-apiserver and starts it again over the same etcd (with `compact`, etcd is compacted while it
+    /// is down, so resumed watches get 410 Gone); returns once it is ready again.
+    pub fn restart_apiserver(&self, compact: bool) {
+        let mut cmd = Command::new("bash");
+        cmd.arg(script()).arg("restart-apiserver").arg(&self.dir);
+        if compact {
+            cmd.arg("compact");
+        }
+        let out = cmd
+            .env("RAYSHIFT_CP_NICE", self.nice.to_string())
+            .output()
+            .expect("run tests/env/control-plane.sh");
+        assert!(
+            out.status.success(),
+            "kube-apiserver did not restart: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Stops it now and waits until its processes are gone.
     pub fn stop(&self) {
         let pids = self.pids();

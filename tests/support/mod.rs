@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod controller;
 pub mod dashboard;
+pub mod incremental;
 pub mod kuberay;
 pub mod load;
 pub mod local_routes;

@@ -52,6 +52,8 @@ pub struct Seen {
     pub capacity: BTreeMap<String, i64>,
     pub peak_total_capacity: i64,
     pub rayservice_versions: usize,
+    /// Every RayCluster of the namespace that existed while watched (a duplicate shows up here).
+    pub clusters: std::collections::BTreeSet<String>,
 }
 
 /// A route's weight per RayCluster, from the backendRefs to `<cluster>-serve-svc`: only those are rayshift's
@@ -104,7 +106,9 @@ impl Observer {
         let cfg = by_name(rs);
         tasks.push(tokio::spawn(async move {
             let mut stream = watcher(services, cfg).default_backoff().applied_objects().boxed();
-            while let Some(Ok(rs)) = stream.next().await {
+            // An error (the apiserver restarting) is retried by the watcher; the observer keeps watching.
+            while let Some(event) = stream.next().await {
+                let Ok(rs) = event else { continue };
                 let mut seen = s.lock().unwrap();
                 seen.rayservice_versions += 1;
                 let status = rs.status.clone().unwrap_or_default();
@@ -149,7 +153,8 @@ impl Observer {
         let cfg = by_name(route);
         tasks.push(tokio::spawn(async move {
             let mut stream = watcher(routes, cfg).default_backoff().applied_objects().boxed();
-            while let Some(Ok(route)) = stream.next().await {
+            while let Some(event) = stream.next().await {
+                let Ok(route) = event else { continue };
                 let weights = route_weights(&route);
                 let mut seen = s.lock().unwrap();
                 if seen.routes.last().is_some_and(|(_, w)| *w == weights) {
@@ -179,10 +184,16 @@ impl Observer {
             let mut stream = watcher(clusters, watcher::Config::default())
                 .default_backoff()
                 .boxed();
-            while let Some(Ok(event)) = stream.next().await {
+            while let Some(event) = stream.next().await {
                 let c = match event {
-                    watcher::Event::Delete(c) => c,
-                    watcher::Event::Apply(c) if c.metadata.deletion_timestamp.is_some() => c,
+                    Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c))
+                        if c.metadata.deletion_timestamp.is_none() =>
+                    {
+                        s.lock().unwrap().clusters.insert(c.name_any());
+                        continue;
+                    }
+                    Ok(watcher::Event::Delete(c)) => c,
+                    Ok(watcher::Event::Apply(c)) => c,
                     _ => continue,
                 };
                 let mut seen = s.lock().unwrap();

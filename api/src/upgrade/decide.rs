@@ -286,7 +286,8 @@ fn steer(
         control: s.control,
         pending_runs_goal,
         deadline: s.deadline,
-        interval: s.options.interval,
+        // The drain after the last step is scheduled waiting too, not a stall.
+        interval: s.options.interval.max(s.options.drain),
         last_traffic_step: last_step,
         now,
     };
@@ -534,7 +535,7 @@ fn set_progressing(
     let upgrading = named(&status.active_service_status) && named(&status.pending_service_status);
     match (upgrading, waiting) {
         (false, _) => merge_conditions(status, &[], &[PROGRESSING], s, now),
-        (true, Some(WaitReason::Interval) | None) => {
+        (true, Some(WaitReason::Interval | WaitReason::Draining) | None) => {
             let w = Wanted::new(
                 PROGRESSING,
                 true,
@@ -563,6 +564,9 @@ fn waiting_message(r: WaitReason) -> &'static str {
         }
         WaitReason::Paused => "Paused by the rayshift.io/upgrade-control annotation",
         WaitReason::Interval => "Waiting for the next interval",
+        WaitReason::Draining => {
+            "Waiting for the drain time (rayshift.io/drain-seconds) before the cluster that lost its traffic goes to target_capacity 0"
+        }
     }
 }
 

@@ -2,12 +2,14 @@ use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
 
 use super::*;
+use crate::upgrade_control::DEFAULT_DRAIN_SECONDS;
 
 fn opts(surge: i32, step: i32, interval: i64) -> UpgradeOptions {
     UpgradeOptions {
         max_surge_percent: surge,
         step_size_percent: step,
         interval: SignedDuration::from_secs(interval),
+        drain: SignedDuration::ZERO,
     }
 }
 
@@ -167,6 +169,46 @@ fn promotes_when_pending_carries_everything() {
 }
 
 #[test]
+fn the_cluster_that_lost_its_traffic_drains_before_capacity_zero() {
+    let opts = opts(50, 25, 10).with_drain_seconds(5);
+    // Forward: all traffic just moved to pending at t(1000); the active cluster keeps 50% until t(1005).
+    let mut o = observed((50, 0), (100, 100));
+    o.last_traffic_step = Some(t(1000));
+    let draining = Action::Wait {
+        until: Some(t(1005)),
+        reason: WaitReason::Draining,
+    };
+    assert_eq!(next_action(&opts, &o), draining);
+    o.now = t(1005);
+    let cut = Action::SetTargetCapacity {
+        role: Role::Active,
+        percent: 0,
+    };
+    assert_eq!(next_action(&opts, &o), cut);
+    // A partial cut (traffic still on the active cluster) does not wait.
+    let mut o = observed((100, 50), (50, 50));
+    o.last_traffic_step = Some(t(1000));
+    assert_eq!(
+        next_action(&opts, &o),
+        Action::SetTargetCapacity {
+            role: Role::Active,
+            percent: 50
+        }
+    );
+    // Rollback: the pending cluster keeps its replicas for the drain time too.
+    let mut o = observed((100, 100), (50, 0));
+    o.direction = Direction::Rollback;
+    o.last_traffic_step = Some(t(1000));
+    assert_eq!(next_action(&opts, &o), draining);
+    // The plan counts it: the seed example ends 5 s after its last traffic step.
+    let seed = self::opts(20, 5, 10);
+    assert_eq!(
+        plan(&seed.with_drain_seconds(5)).min_duration_seconds,
+        plan(&seed).min_duration_seconds + 5.0
+    );
+}
+
+#[test]
 fn paused_holds_but_repairs_still_happen() {
     let mut o = observed((100, 95), (20, 5));
     o.paused = true;
@@ -275,7 +317,8 @@ fn options_from_spec() {
         interval_seconds: Some(10),
         ..Default::default()
     };
-    assert_eq!(UpgradeOptions::from_spec(&spec), Some(opts(100, 5, 10)));
+    let drained = opts(100, 5, 10).with_drain_seconds(DEFAULT_DRAIN_SECONDS);
+    assert_eq!(UpgradeOptions::from_spec(&spec), Some(drained));
     let never = ClusterUpgradeOptions {
         max_surge_percent: Some(0),
         ..spec.clone()
@@ -308,7 +351,8 @@ fn event() -> impl Strategy<Value = Event> {
 
 fn options() -> impl Strategy<Value = UpgradeOptions> {
     (1i32..=100).prop_flat_map(|surge| {
-        (Just(surge), 1i32..=surge, 0i64..30).prop_map(|(surge, step, interval)| opts(surge, step, interval))
+        (Just(surge), 1i32..=surge, 0i64..30, 0i64..20)
+            .prop_map(|(surge, step, interval, drain)| opts(surge, step, interval).with_drain_seconds(drain))
     })
 }
 
@@ -369,7 +413,7 @@ proptest! {
             match action {
                 Action::Wait { until, reason } => {
                     if let Some(due) = until {
-                        prop_assert_eq!(reason, WaitReason::Interval);
+                        prop_assert!(matches!(reason, WaitReason::Interval | WaitReason::Draining), "{:?}", reason);
                         prop_assert!(due > o.now);
                         o.now = due;
                     }
@@ -399,6 +443,9 @@ proptest! {
             apply(&mut o, action);
             let lowered = o.active.capacity < before.active.capacity || o.pending.capacity < before.pending.capacity;
             prop_assert!(!lowered || before.route_ready, "capacity lowered before the route moved traffic off it");
+            let emptied = (o.active.capacity == 0 && before.active.capacity > 0) || (o.pending.capacity == 0 && before.pending.capacity > 0);
+            let drained = before.last_traffic_step.is_none_or(|t| before.now >= t + opts.drain);
+            prop_assert!(!emptied || drained, "a cluster went to capacity 0 within the drain time of its last traffic: {:?}", before);
             actions += 1;
             assert_invariants(&opts, &o)?;
             if o.direction == Direction::Forward {

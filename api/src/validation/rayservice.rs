@@ -16,7 +16,7 @@ use crate::{
     gateway_attachment::{Attachment, HTTP_ROUTE_ANNOTATION},
     rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
     serve_grpc::grpc_port_in,
-    upgrade_control::{self, PROGRESS_DEADLINE_ANNOTATION},
+    upgrade_control::{self, DRAIN_ANNOTATION, PROGRESS_DEADLINE_ANNOTATION},
 };
 
 /// KubeRay keeps `<name>-<5 chars>` and `-serve-svc` inside 63 characters.
@@ -216,6 +216,14 @@ fn metadata(rs: &RayService, annotations: &BTreeMap<String, String>, v: &mut Ver
             raw,
             "progress-deadline",
             "must be a positive whole number of seconds",
+        ));
+    }
+    if let Some(raw) = upgrade_control::invalid_drain(annotations) {
+        v.error(FieldError::invalid(
+            format!("metadata.annotations[{DRAIN_ANNOTATION}]"),
+            raw,
+            "drain-seconds",
+            "must be a whole number of seconds, 0 or more",
         ));
     }
     if let Some(raw) = annotations.get(INITIALIZING_TIMEOUT)

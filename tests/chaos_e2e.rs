@@ -1,0 +1,444 @@
+//! Chaos on the real apiserver, with the real KubeRay operator running the RayClusters (kwok's Pods; the fake
+//! dashboard plays Ray) and Traefik as the Gateway controller:
+//! - the controller killed with SIGKILL at random instants of incremental upgrades (random options, some
+//!   reverted mid-upgrade so they roll back), alone or as the leader of two replicas, then started again;
+//! - kube-apiserver killed and started again mid-upgrade over the same etcd, once with etcd compacted while it
+//!   was down (every resumed watch gets 410 Gone and must list again).
+//!
+//! Every upgrade must end as its spec says (completed, or rolled back), no RayCluster may be created twice,
+//! nothing rayshift created may be left behind, and the invariant observer must see no broken invariant.
+//! `RAYSHIFT_CHAOS_RUNS` sets the number of kill runs (a few in the suite; `scripts/bench.sh` runs 50) and
+//! `RAYSHIFT_CHAOS_SEED` replays a run's random choices.
+
+mod support;
+
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
+
+use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
+use k8s_openapi::api::core::v1::Service;
+use kube::{Api, ResourceExt};
+use rayshift_api::RayCluster;
+use serde_json::json;
+use support::{
+    controller::ControllerProcess,
+    incremental::{Env, GATE, head},
+    observer::Observer,
+    status::{active, pending},
+};
+
+/// The tests here restart the apiserver every test of this binary shares: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A small deterministic generator (xorshift64*), so a failed run can be replayed from its seed.
+struct Dice(u64);
+
+impl Dice {
+    fn from_env() -> (u64, Self) {
+        let seed = std::env::var("RAYSHIFT_CHAOS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        (seed, Dice(seed.max(1)))
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+
+    /// Uniform in [lo, hi].
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.next() % (hi - lo + 1))
+    }
+}
+
+/// What one kill run does.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    surge: i32,
+    step: i32,
+    /// Revert the spec this long after the upgrade starts (the upgrade rolls back).
+    revert_after: Option<Duration>,
+    /// Kill this long after the upgrade starts (or after the revert).
+    kill_after: Duration,
+    /// Start again this long after the kill.
+    down_for: Duration,
+    /// Two replicas with leader election; the leader is killed.
+    leader_election: bool,
+}
+
+impl Run {
+    fn roll(dice: &mut Dice, leader_election: bool) -> Self {
+        let revert_after = dice.next().is_multiple_of(3).then(|| dice.millis(1_000, 4_000));
+        Run {
+            surge: dice.pick(&[20, 25, 50, 100]),
+            step: dice.pick(&[10, 20, 25, 50]),
+            revert_after,
+            kill_after: dice.millis(0, 7_000),
+            down_for: dice.millis(0, 2_000),
+            leader_election,
+        }
+    }
+}
+
+const LEASE: [&str; 6] = [
+    "--leader-elect-lease-duration",
+    "3s",
+    "--leader-elect-renew-deadline",
+    "2s",
+    "--leader-elect-retry-period",
+    "500ms",
+];
+
+fn runs() -> usize {
+    std::env::var("RAYSHIFT_CHAOS_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4)
+}
+
+/// The controllers of one run: one, or two with leader election.
+struct Controllers {
+    processes: Vec<ControllerProcess>,
+    args: Vec<String>,
+}
+
+impl Controllers {
+    fn start(env: &Env, leader_election: bool) -> Self {
+        let mut args = vec![GATE.to_string()];
+        if leader_election {
+            args.extend([
+                "--leader-elect".into(),
+                "--leader-election-namespace".into(),
+                env.ns.clone(),
+            ]);
+            args.extend(LEASE.iter().map(|s| s.to_string()));
+        }
+        let mut c = Controllers {
+            processes: Vec::new(),
+            args,
+        };
+        for _ in 0..if leader_election { 2 } else { 1 } {
+            c.add(env);
+        }
+        c
+    }
+
+    fn add(&mut self, env: &Env) {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.processes.push(ControllerProcess::start(
+            env.cp,
+            &env.ns,
+            &env.dashboard.url_template(),
+            &args,
+        ));
+    }
+
+    /// SIGKILLs the leader (the only one without leader election) and returns how many were running.
+    fn kill_leader(&mut self) -> usize {
+        let n = self.processes.len();
+        let leader = self
+            .processes
+            .iter()
+            .position(|c| support::webhook::metric(&c.metrics(), "rayshift_controller_leader") == 1.0)
+            .unwrap_or(0);
+        let mut killed = self.processes.remove(leader);
+        let _ = killed.child.kill();
+        let _ = killed.child.wait();
+        n
+    }
+
+    fn logs(&self) -> String {
+        self.processes
+            .iter()
+            .map(|c| support::wait::tail(&c.logs(), 30))
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    }
+}
+
+/// Objects a RayCluster's name prefixes that outlived it (`<cluster>-serve-svc`, `<cluster>-head-svc`, ...).
+async fn orphans(env: &Env, live: &BTreeSet<String>, ever: &BTreeSet<String>) -> Vec<String> {
+    let mut names = Vec::new();
+    let services: Api<Service> = Api::namespaced(env.client.clone(), &env.ns);
+    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &env.ns);
+    names.extend(
+        services
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|o| o.name_any()),
+    );
+    names.extend(
+        routes
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|o| o.name_any()),
+    );
+    names.extend(
+        gateways
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|o| o.name_any()),
+    );
+    names
+        .into_iter()
+        .filter(|n| {
+            ever.iter()
+                .any(|c| !live.contains(c) && n.starts_with(&format!("{c}-")))
+        })
+        .collect()
+}
+
+async fn live_clusters(env: &Env) -> BTreeSet<String> {
+    let clusters: Api<RayCluster> = Api::namespaced(env.client.clone(), &env.ns);
+    clusters
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .map(|c| c.name_any())
+        .collect()
+}
+
+/// Sets the head image (the change that starts an upgrade, or reverts one) and the run's options.
+async fn set_spec(env: &Env, image: &str, run: &Run) {
+    env.patch(json!({"spec": {
+        "upgradeStrategy": {"clusterUpgradeOptions": {"maxSurgePercent": run.surge, "stepSizePercent": run.step}},
+        "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head(image)]}}}}
+    }}))
+    .await;
+}
+
+/// One kill run: upgrade (maybe revert), SIGKILL the controller at the chosen instant, start it again, and
+/// wait for the end the spec asks for. Returns the outcome ("completed" or "rolled back") or what went wrong.
+async fn kill_run(env: &mut Env, n: usize, run: Run, serving: &mut String) -> Result<&'static str, String> {
+    let before = live_clusters(env).await;
+    let old = active(&env.get().await).ok_or("no active cluster before the run")?;
+    let observer = Observer::start(
+        env.client.clone(),
+        &env.ns,
+        "llm",
+        i64::from(run.surge),
+        env.dashboard.serving(&env.ns),
+    );
+    let mut controllers = Controllers::start(env, run.leader_election);
+    let image = format!("ray:{n}");
+    set_spec(env, &image, &run).await;
+    if let Some(after) = run.revert_after {
+        tokio::time::sleep(after).await;
+        set_spec(env, serving, &run).await;
+    }
+    tokio::time::sleep(run.kill_after).await;
+    let running = controllers.kill_leader();
+    tokio::time::sleep(run.down_for).await;
+    if controllers.processes.len() < running {
+        controllers.add(env);
+    }
+    let expected = if run.revert_after.is_some() {
+        old.clone()
+    } else {
+        serving.clone_from(&image);
+        String::new()
+    };
+    // The end: one active cluster (the old one after a revert, a new one otherwise), nothing pending, and the
+    // other cluster gone after the deletion delay.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let end = loop {
+        let rs = env.get().await;
+        let live = live_clusters(env).await;
+        if let (Some(a), None) = (active(&rs), pending(&rs)) {
+            let settled = live.len() == 1 && live.contains(&a);
+            let right = if expected.is_empty() {
+                a != old
+            } else {
+                a == expected
+            };
+            if settled && right {
+                break a;
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "did not end within 90 s: status {}\nlive clusters {live:?}\n{}",
+                serde_json::to_string(&rs.status).unwrap(),
+                controllers.logs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mut problems: Vec<String> = observer
+        .violations()
+        .into_iter()
+        .map(|v| format!("invariant: {v}"))
+        .collect();
+    // At most one new RayCluster per upgrade: a restarted controller that forgot its pending cluster would
+    // create a second.
+    let seen = observer.seen.lock().unwrap().clusters.clone();
+    let created: Vec<&String> = seen.difference(&before).collect();
+    if created.len() > 1 {
+        problems.push(format!(
+            "{} RayClusters created for one upgrade: {created:?}",
+            created.len()
+        ));
+    }
+    let mut ever = seen.clone();
+    ever.extend(before);
+    let live = BTreeSet::from([end.clone()]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = orphans(env, &live, &ever).await;
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            problems.push(format!("left behind: {left:?}"));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    match problems.is_empty() {
+        true if expected.is_empty() => Ok("completed"),
+        true => Ok("rolled back"),
+        false => Err(format!("{}\n{}", problems.join("\n"), controllers.logs())),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_instants_of_upgrades() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut env = Env::new("chaos").await;
+    env.deploy(25, 25, 1).await;
+    // Each run starts its own controllers.
+    env.controller = None;
+    let (seed, mut dice) = Dice::from_env();
+    let total = runs();
+    let mut serving = "ray:1".to_string();
+    let mut outcomes = Vec::new();
+    let mut failures = Vec::new();
+    for n in 0..total {
+        let run = Run::roll(&mut dice, n % 2 == 1);
+        let started = Instant::now();
+        let outcome = kill_run(&mut env, n + 2, run, &mut serving).await;
+        let took = started.elapsed().as_secs_f64();
+        println!("run {} of {total} ({took:.1} s): {run:?} → {outcome:?}", n + 1);
+        match outcome {
+            Ok(end) => outcomes.push(end),
+            Err(why) => failures.push(format!("run {} {run:?}: {why}", n + 1)),
+        }
+    }
+    let completed = outcomes.iter().filter(|o| **o == "completed").count();
+    println!(
+        "kill -9: {} of {total} upgrades ended as their spec asked ({completed} completed, {} rolled back); seed {seed}",
+        outcomes.len(),
+        outcomes.len() - completed
+    );
+    assert!(
+        failures.is_empty(),
+        "seed {seed} (RAYSHIFT_CHAOS_SEED replays it):\n{}",
+        failures.join("\n\n")
+    );
+}
+
+/// Restarts kube-apiserver (blocking the test's own requests meanwhile) and returns when it is back.
+async fn restart_apiserver(env: &Env, compact: bool) -> Instant {
+    let cp = env.cp;
+    tokio::task::spawn_blocking(move || cp.restart_apiserver(compact))
+        .await
+        .unwrap();
+    let back = Instant::now();
+    // The test's own client may still hold a connection to the killed apiserver: wait until it is through.
+    while env.rayservices().get("llm").await.is_err() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    back
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apiserver_restarts_mid_upgrade_and_the_upgrade_resumes() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let env = Env::new("apiserver").await;
+    let old = env.deploy(20, 10, 1).await;
+    let observer = env.observe(20);
+    let before = live_clusters(&env).await;
+    let new = env.upgrade_to("ray:2").await;
+    let mut recovered = Vec::new();
+    for (traffic, compact) in [(20, false), (60, true)] {
+        env.eventually(&format!("{traffic}% of traffic on {new}"), 60, || async {
+            (env.levels().await.1.1 >= traffic).then_some(())
+        })
+        .await;
+        let back = restart_apiserver(&env, compact).await;
+        // The upgrade resumes: the next traffic step after the apiserver is back.
+        let deadline = back + Duration::from_secs(15);
+        let resumed = loop {
+            if let Some(t) = observer.raises(&new).iter().map(|r| r.0).find(|t| *t > back) {
+                break t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no traffic step within 15 s of the apiserver being back (compact: {compact})\n{}",
+                support::wait::tail(&env.controller.as_ref().unwrap().logs(), 40)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        println!(
+            "apiserver restart at {traffic}% (etcd compacted: {compact}): next step {:.2} s after it was back",
+            resumed.duration_since(back).as_secs_f64()
+        );
+        recovered.push(resumed);
+    }
+    env.promoted_to(&new, 120).await;
+    let violations = observer.violations();
+    assert!(violations.is_empty(), "invariants broken: {violations:#?}");
+    let seen = observer.seen.lock().unwrap().clusters.clone();
+    let created: Vec<&String> = seen.difference(&before).collect();
+    assert_eq!(created, vec![&new], "RayClusters created by the upgrade");
+    // Nothing duplicated: one route, one Gateway, the old cluster gone with what it owned.
+    let live = BTreeSet::from([new.clone()]);
+    let ever = BTreeSet::from([old.clone(), new.clone()]);
+    env.eventually("the old cluster and what it owned gone", 30, || async {
+        (live_clusters(&env).await == live && orphans(&env, &live, &ever).await.is_empty()).then_some(())
+    })
+    .await;
+    // Pacing after each recovery: every later step within 100 ms of its interval (a gap that includes a
+    // restart is not a pacing gap).
+    let raises = observer.raises(&new);
+    let late: Vec<Duration> = raises
+        .windows(2)
+        .filter(|w| recovered.iter().any(|r| w[0].0 >= *r))
+        .filter(|w| !recovered.iter().any(|r| w[0].0 < *r && w[1].0 >= *r))
+        .map(|w| (w[1].0 - w[0].0).saturating_sub(Duration::from_secs(1)))
+        .collect();
+    println!("steps after recovery, lateness: {late:?}");
+    assert!(!late.is_empty(), "no steps after recovery: {raises:?}");
+    assert!(
+        late.iter().all(|l| *l <= Duration::from_millis(100)),
+        "a step after recovery was late: {late:?}"
+    );
+}
