@@ -49,8 +49,9 @@ fn seed_example_plan_json() {
         distinct("pending_traffic"),
         (0..=100).step_by(5).collect::<Vec<_>>()
     );
-    // The 20 traffic steps are paced by intervalSeconds 10, the first one right away: 19 x 10 s.
-    assert_eq!(plan["min_duration_seconds"], 190.0);
+    // The 20 traffic steps are paced by intervalSeconds 10, the first one right away: 19 x 10 s; then the old
+    // cluster drains for the default 5 s before it goes to capacity 0 and the new one is promoted.
+    assert_eq!(plan["min_duration_seconds"], 195.0);
     let traffic_times: Vec<f64> = steps
         .iter()
         .filter(|s| s["action"].as_str().unwrap().starts_with("route traffic"))
@@ -61,10 +62,12 @@ fn seed_example_plan_json() {
         traffic_times.windows(2).all(|w| w[1] - w[0] == 10.0),
         "{traffic_times:?}"
     );
-    assert_eq!(
-        traffic_times.last().copied(),
-        plan["min_duration_seconds"].as_f64()
-    );
+    assert_eq!(traffic_times.last().copied(), Some(190.0));
+    let emptied = steps
+        .iter()
+        .find(|s| s["active_capacity"] == 0)
+        .expect("the old cluster goes to 0");
+    assert_eq!(emptied["t_seconds"], 195.0, "{emptied}");
     assert_eq!(steps.last().unwrap()["action"], "promote pending to active");
     for s in steps {
         let total = s["active_capacity"].as_i64().unwrap() + s["pending_capacity"].as_i64().unwrap();
@@ -84,12 +87,13 @@ fn seed_example_plan_text_table() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("peak total capacity: 120%"), "{text}");
     assert!(text.contains("traffic steps: 20"), "{text}");
-    assert!(text.contains("minimum duration: 190s"), "{text}");
+    assert!(text.contains("minimum duration: 195s"), "{text}");
+    assert!(text.contains("drain 5s before a cluster without traffic goes to capacity 0"), "{text}");
     assert!(text.contains("scale pending to 20%"));
     assert!(text.contains("scale active to 80%"));
     assert!(
         text.lines()
-            .any(|l| l.contains("190s") && l.contains("promote pending to active")),
+            .any(|l| l.contains("195s") && l.contains("promote pending to active")),
         "{text}"
     );
 }

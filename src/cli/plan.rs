@@ -104,10 +104,12 @@ fn opts_class(rs: &rayshift_api::RayService) -> &str {
 
 fn print_table(name: &str, opts: &UpgradeOptions, plan: &Plan) {
     println!(
-        "Incremental upgrade of {name}: maxSurgePercent {}, stepSizePercent {}, intervalSeconds {}",
+        "Incremental upgrade of {name}: maxSurgePercent {}, stepSizePercent {}, intervalSeconds {}, drain {}s \
+         before a cluster without traffic goes to capacity 0",
         opts.max_surge_percent,
         opts.step_size_percent,
-        opts.interval.as_secs()
+        opts.interval.as_secs(),
+        opts.drain.as_secs()
     );
     println!(
         "{:>8}  {:>15}  {:>16}  {:>14}  {:>15}  action",
