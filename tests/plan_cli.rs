@@ -88,7 +88,10 @@ fn seed_example_plan_text_table() {
     assert!(text.contains("peak total capacity: 120%"), "{text}");
     assert!(text.contains("traffic steps: 20"), "{text}");
     assert!(text.contains("minimum duration: 195s"), "{text}");
-    assert!(text.contains("drain 5s before a cluster without traffic goes to capacity 0"), "{text}");
+    assert!(
+        text.contains("drain 5s before a cluster without traffic goes to capacity 0"),
+        "{text}"
+    );
     assert!(text.contains("scale pending to 20%"));
     assert!(text.contains("scale active to 80%"));
     assert!(

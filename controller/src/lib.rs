@@ -155,6 +155,63 @@ where
     }
 }
 
+/// Retries of one broken watch: from 100 ms, doubling, at most 2 s, back to 100 ms once events flow
+/// (kube-runtime's default, client-go's, goes from 800 ms up to 30 s).
+#[derive(Clone, Debug)]
+pub struct RecoveryBackoff {
+    next: Duration,
+}
+
+impl RecoveryBackoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(2);
+
+    pub fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+impl Default for RecoveryBackoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Iterator for RecoveryBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let now = self.next;
+        self.next = (now * 2).min(Self::MAX);
+        Some(now)
+    }
+}
+
+impl kube::runtime::utils::Backoff for RecoveryBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+/// The controller's merged trigger stream never pauses on an error: each watch backs off on its own. By
+/// default kube-runtime pauses all triggers after each error; after a kube-apiserver restart the 410s of
+/// the eight watches then surfaced one pause at a time, the pause grew past 50 s, and an upgrade waited
+/// that long for a route status it had already been sent (tests/chaos_e2e.rs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoPause;
+
+impl Iterator for NoPause {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+impl kube::runtime::utils::Backoff for NoPause {
+    fn reset(&mut self) {}
+}
+
 /// RayClusters created for RayServices (KubeRay's label), the ones rayshift owns and watches.
 fn owned() -> watcher::Config {
     watcher::Config::default().labels("ray.io/originated-from-crd=RayService")
@@ -202,7 +259,13 @@ async fn run_controller(
     // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
     let cluster_stream = cached(&client, ns, owned(), cluster_writer);
     let head_stream = cached(&client, ns, head_pods(), head_writer);
-    let mut controller = Controller::new(services, watcher::Config::default())
+    let (rayservices, rayservice_writer) = reflector::store::<RayService>();
+    let rayservice_stream = watcher(services, watcher::Config::default())
+        .backoff(RecoveryBackoff::new())
+        .reflect(rayservice_writer)
+        .applied_objects();
+    let mut controller = Controller::for_stream(rayservice_stream, rayservices)
+        .trigger_backoff(NoPause)
         .owns_stream(cluster_stream)
         .owns_stream(cached(&client, ns, owned(), service_writer));
     if gateway_api {
@@ -287,7 +350,7 @@ where
         + 'static,
 {
     watcher(api::<K>(client, ns), config)
-        .default_backoff()
+        .backoff(RecoveryBackoff::new())
         .reflect(writer)
         .touched_objects()
 }
@@ -343,7 +406,7 @@ fn forget_deleted(
     let (rayservices, writer) = reflector::store::<RayService>();
     tokio::spawn(
         watcher(services, watcher::Config::default())
-            .default_backoff()
+            .backoff(RecoveryBackoff::new())
             .reflect(writer)
             .for_each(move |event| {
                 if let Ok(event) = event {

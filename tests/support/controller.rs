@@ -49,7 +49,9 @@ impl ControllerProcess {
                 "--log-format",
                 "plain",
                 "--log-level",
-                "info,kube=warn,kube_client=error",
+                // RAYSHIFT_TEST_CONTROLLER_LOG: a filter for debugging a test (e.g. kube_runtime=debug).
+                &std::env::var("RAYSHIFT_TEST_CONTROLLER_LOG")
+                    .unwrap_or_else(|_| "info,kube=warn,kube_client=error".into()),
             ])
             .args(health_args)
             .args(if extra.iter().any(|a| a.starts_with("--mode")) {

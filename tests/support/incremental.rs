@@ -27,7 +27,7 @@ pub struct Env {
     pub ns: String,
     pub infra: Option<String>,
     pub dashboard: FakeDashboard,
-    pub _gateway: TraefikGateway,
+    pub gateway: TraefikGateway,
     pub controller: Option<ControllerProcess>,
 }
 
@@ -57,7 +57,7 @@ impl Env {
             ns,
             infra,
             dashboard,
-            _gateway: gateway,
+            gateway,
             controller: None,
         };
         env.start_controller();
@@ -106,7 +106,7 @@ impl Env {
             let routes: Vec<_> = routes.map(|l| l.items).unwrap_or_default().into_iter().map(|r| (r.metadata.name, r.status)).collect();
             format!(
                 "status: {status}\n--- HTTPRoutes ---\n{routes:#?}\n--- controller logs ---\n{}\n--- KubeRay ---\n{}",
-                super::wait::tail(&logs, 30),
+                super::wait::tail(&logs, 400),
                 self.cp.kuberay_log(15)
             )
         })

@@ -5,6 +5,12 @@
 //! - active + pending capacity ≤ 100 + maxSurgePercent;
 //! - no weight on a cluster whose Serve apps are not RUNNING (per the dashboard, fake or real);
 //! - the cluster carrying traffic is never deleted.
+//!
+//! Weight and capacity live in two objects seen through two watches, which can deliver out of order (after
+//! a kube-apiserver restart one watch may relist before the other). So a route version is checked against
+//! the capacity the RayService had just before it, ordered by resourceVersion (etcd's revision, which
+//! orders writes across kinds on this test control plane), and not at all when a relist of the RayService
+//! skipped versions around it (that capacity is unknown, not wrong).
 
 use std::{
     collections::BTreeMap,
@@ -54,6 +60,48 @@ pub struct Seen {
     pub rayservice_versions: usize,
     /// Every RayCluster of the namespace that existed while watched (a duplicate shows up here).
     pub clusters: std::collections::BTreeSet<String>,
+    /// Target capacity per cluster as the RayService status had it: (resourceVersion, cluster, percent).
+    capacity_log: Vec<(u64, String, i64)>,
+    /// resourceVersion ranges a relist of the RayService skipped (versions never seen).
+    capacity_gaps: Vec<(u64, u64)>,
+    /// Route versions: (resourceVersion, weights), checked against `capacity_log` in `violations()`.
+    route_log: Vec<(u64, BTreeMap<String, i64>)>,
+}
+
+fn rv<K: kube::Resource>(o: &K) -> u64 {
+    o.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Seen {
+    /// Route weights above the capacity the RayService had right before that route version.
+    fn weights_over_capacity(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (route_rv, weights) in &self.route_log {
+            if self
+                .capacity_gaps
+                .iter()
+                .any(|(a, b)| a < route_rv && route_rv <= b)
+            {
+                continue;
+            }
+            for (cluster, w) in weights.iter().filter(|(_, w)| **w > 0) {
+                let tc = self
+                    .capacity_log
+                    .iter()
+                    .filter(|(r, c, _)| r < route_rv && c == cluster)
+                    .max_by_key(|(r, _, _)| *r)
+                    .map(|(_, _, tc)| *tc);
+                if let Some(tc) = tc.filter(|tc| w > tc) {
+                    out.push(format!("route: {w}% to {cluster} with target capacity {tc}%"));
+                }
+            }
+        }
+        out
+    }
 }
 
 /// A route's weight per RayCluster, from the backendRefs to `<cluster>-serve-svc`: only those are rayshift's
@@ -105,11 +153,25 @@ impl Observer {
         let services: Api<RayService> = Api::namespaced(client.clone(), ns);
         let cfg = by_name(rs);
         tasks.push(tokio::spawn(async move {
-            let mut stream = watcher(services, cfg).default_backoff().applied_objects().boxed();
+            let mut stream = watcher(services, cfg).default_backoff().boxed();
+            let mut last_rv = 0;
+            let mut relisting = false;
             // An error (the apiserver restarting) is retried by the watcher; the observer keeps watching.
             while let Some(event) = stream.next().await {
-                let Ok(rs) = event else { continue };
+                let rs = match event {
+                    Ok(watcher::Event::Init) => {
+                        relisting = last_rv > 0;
+                        continue;
+                    }
+                    Ok(watcher::Event::InitApply(rs) | watcher::Event::Apply(rs)) => rs,
+                    _ => continue,
+                };
                 let mut seen = s.lock().unwrap();
+                let version = rv(&rs);
+                if std::mem::take(&mut relisting) {
+                    seen.capacity_gaps.push((last_rv, version));
+                }
+                last_rv = version;
                 seen.rayservice_versions += 1;
                 let status = rs.status.clone().unwrap_or_default();
                 let mut total = 0;
@@ -123,6 +185,7 @@ impl Observer {
                     };
                     total += i64::from(tc);
                     seen.capacity.insert(name.clone(), i64::from(tc));
+                    seen.capacity_log.push((version, name.clone(), i64::from(tc)));
                     let trp = i64::from(side.traffic_routed_percent.unwrap_or(0));
                     traffic += trp;
                     if trp > i64::from(tc) {
@@ -169,11 +232,8 @@ impl Observer {
                     if let Err(why) = serving(cluster, *w) {
                         seen.violations.push(format!("route: {w}% to {cluster}: {why}"));
                     }
-                    if let Some(tc) = seen.capacity.get(cluster).copied().filter(|tc| w > tc) {
-                        seen.violations
-                            .push(format!("route: {w}% to {cluster} with target capacity {tc}%"));
-                    }
                 }
+                seen.route_log.push((rv(&route), weights.clone()));
                 seen.routes.push((Instant::now(), weights));
             }
         }));
@@ -214,7 +274,10 @@ impl Observer {
     }
 
     pub fn violations(&self) -> Vec<String> {
-        self.seen.lock().unwrap().violations.clone()
+        let seen = self.seen.lock().unwrap();
+        let mut all = seen.violations.clone();
+        all.extend(seen.weights_over_capacity());
+        all
     }
 
     /// Times at which a given cluster's weight rose, in order.
