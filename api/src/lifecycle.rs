@@ -94,6 +94,17 @@ impl Facts {
         c.spec_digest.as_deref() == Some(self.goal.spec.as_str())
     }
 
+    /// The cluster a new pending one should be: one built from the current spec that nothing records and
+    /// nothing has scheduled for deletion (created by a pass that ended before it could record it: a killed
+    /// controller), else a fresh name. Adopting it keeps one RayCluster per upgrade.
+    fn new_pending(&self, d: &Decision) -> String {
+        self.clusters
+            .iter()
+            .filter(|c| Some(&c.name) != d.active.as_ref() && Some(&c.name) != self.pending.as_ref())
+            .find(|c| self.matches_goal(c) && c.delete_after.is_none())
+            .map_or_else(|| self.new_name.clone(), |c| c.name.clone())
+    }
+
     fn appended_only(&self, c: &ClusterFacts) -> bool {
         c.spec_digest
             .as_deref()
@@ -132,10 +143,10 @@ fn choose_clusters(f: &Facts, d: &mut Decision) {
         && !f.appended_only(&p)
     {
         d.replaced_pending = Some(p.name.clone());
-        d.pending = Some(f.new_name.clone());
+        d.pending = Some(f.new_pending(d));
     }
     match (d.active.clone(), d.pending.clone()) {
-        (None, None) => d.pending = Some(f.new_name.clone()),
+        (None, None) => d.pending = Some(f.new_pending(d)),
         (Some(a), None) => {
             let c = f.cluster(&a).expect("active exists");
             let rejected = f.rejected_spec.as_deref() == Some(f.goal.spec.as_str());
@@ -145,7 +156,7 @@ fn choose_clusters(f: &Facts, d: &mut Decision) {
                 if f.appended_only(c) || !builds_new_clusters {
                     d.actions.push(ClusterAction::UpdateSpec { name: a.clone() });
                 } else {
-                    d.pending = Some(f.new_name.clone());
+                    d.pending = Some(f.new_pending(d));
                 }
             } else if c.scale_digest.as_deref() != Some(f.goal.scale.as_str()) {
                 d.actions.push(ClusterAction::UpdateScale { name: a.clone() });

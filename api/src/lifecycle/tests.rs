@@ -79,6 +79,39 @@ fn first_deployment_creates_a_pending_cluster_then_promotes_it() {
 }
 
 #[test]
+fn a_cluster_created_but_never_recorded_is_adopted_not_duplicated() {
+    // A controller killed between creating the pending cluster and writing status: the next pass finds a
+    // cluster built from the current spec that nothing records, and makes it the pending cluster.
+    let f = facts(
+        UpgradeType::NewCluster,
+        "b",
+        Some("rs-1"),
+        None,
+        vec![cluster("rs-1", "a", true), cluster("rs-2", "b", false)],
+    );
+    let d = decide(&f);
+    assert_eq!(d.pending.as_deref(), Some("rs-2"));
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, ClusterAction::Create { .. })),
+        "{:?}",
+        d.actions
+    );
+    // One scheduled for deletion (left by a rollback) is not taken back; neither is one of another spec.
+    let mut dropped = cluster("rs-2", "b", false);
+    dropped.delete_after = Some(Timestamp::from_second(2_000).unwrap());
+    let f = facts(
+        UpgradeType::NewCluster,
+        "b",
+        Some("rs-1"),
+        None,
+        vec![cluster("rs-1", "a", true), dropped, cluster("rs-3", "c", false)],
+    );
+    assert_eq!(decide(&f).pending.as_deref(), Some("rs-new"));
+}
+
+#[test]
 fn steady_state_does_nothing() {
     let d = decide(&facts(
         UpgradeType::NewCluster,
