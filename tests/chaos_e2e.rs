@@ -179,39 +179,9 @@ impl Controllers {
 /// learns of a new CRD's objects only at its periodic discovery resync, so on a young control plane that can
 /// take a while).
 async fn orphans(env: &Env, live: &BTreeSet<String>, ever: &BTreeSet<String>) -> Vec<String> {
-    let mut objects: Vec<(String, bool)> = Vec::new();
-    let owned = |m: &kube::api::ObjectMeta| m.owner_references.as_ref().is_some_and(|o| !o.is_empty());
-    let services: Api<Service> = Api::namespaced(env.client.clone(), &env.ns);
-    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
-    let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &env.ns);
-    let list = Default::default();
-    objects.extend(
-        services
-            .list(&list)
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|o| (o.name_any(), owned(&o.metadata))),
-    );
-    objects.extend(
-        routes
-            .list(&list)
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|o| (o.name_any(), owned(&o.metadata))),
-    );
-    objects.extend(
-        gateways
-            .list(&list)
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|o| (o.name_any(), owned(&o.metadata))),
-    );
+    let mut objects = named::<Service>(env).await;
+    objects.extend(named::<HttpRoute>(env).await);
+    objects.extend(named::<Gateway>(env).await);
     objects
         .into_iter()
         .filter(|(n, owned)| {
@@ -221,6 +191,25 @@ async fn orphans(env: &Env, live: &BTreeSet<String>, ever: &BTreeSet<String>) ->
                     .any(|c| !live.contains(c) && n.starts_with(&format!("{c}-")))
         })
         .map(|(n, _)| n)
+        .collect()
+}
+
+/// Every object of a kind in the namespace: its name, and whether it has an owner.
+async fn named<K>(env: &Env) -> Vec<(String, bool)>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(env.client.clone(), &env.ns);
+    let list = api.list(&Default::default()).await.unwrap();
+    list.items
+        .iter()
+        .map(|o| {
+            let owned = o.meta().owner_references.as_ref().is_some_and(|r| !r.is_empty());
+            (o.name_any(), owned)
+        })
         .collect()
 }
 
