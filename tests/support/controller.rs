@@ -49,9 +49,10 @@ impl ControllerProcess {
                 "--log-format",
                 "plain",
                 "--log-level",
-                // RAYSHIFT_TEST_CONTROLLER_LOG: a filter for debugging a test (e.g. kube_runtime=debug).
+                // Debug for rayshift itself: a failed wait shows which passes ran (RAYSHIFT_TEST_CONTROLLER_LOG
+                // replaces the filter, e.g. with kube_runtime=debug).
                 &std::env::var("RAYSHIFT_TEST_CONTROLLER_LOG")
-                    .unwrap_or_else(|_| "info,kube=warn,kube_client=error".into()),
+                    .unwrap_or_else(|_| "info,rayshift_controller=debug,kube=warn,kube_client=error".into()),
             ])
             .args(health_args)
             .args(if extra.iter().any(|a| a.starts_with("--mode")) {
