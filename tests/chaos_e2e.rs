@@ -413,10 +413,7 @@ async fn apiserver_restarts_mid_upgrade_and_the_upgrade_resumes() {
     let new = env.upgrade_to("ray:2").await;
     let (mut recovered, mut restarts) = (Vec::new(), Vec::new());
     for (traffic, compact) in [(20, false), (60, true)] {
-        env.eventually(&format!("{traffic}% of traffic on {new}"), 60, || async {
-            (env.levels().await.1.1 >= traffic).then_some(())
-        })
-        .await;
+        env.pending_traffic_at_least(traffic, 60).await;
         restarts.push(Instant::now());
         let back = restart_apiserver(&env, compact).await;
         // The upgrade resumes: rayshift writes its next capacity or traffic change (the status trace says what

@@ -250,10 +250,7 @@ async fn reverting_the_spec_rolls_back_step_by_step() {
     let old = env.deploy(50, 25, 1).await;
     let observer = env.observe(50);
     let new = env.upgrade_to("ray:2").await;
-    env.eventually("some traffic on the new cluster", 30, || async {
-        (env.levels().await.1.1 >= 25).then_some(())
-    })
-    .await;
+    env.pending_traffic_at_least(25, 30).await;
     // Back to the original spec.
     env.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:1")]}}}}}})).await;
     env.eventually("RollbackInProgress", 20, || async {
@@ -306,10 +303,7 @@ async fn a_third_spec_mid_upgrade_rolls_back_then_upgrades_to_it() {
     let old = env.deploy(50, 25, 1).await;
     let observer = env.observe(50);
     let b = env.upgrade_to("ray:2").await;
-    env.eventually("some traffic on B", 30, || async {
-        (env.levels().await.1.1 >= 25).then_some(())
-    })
-    .await;
+    env.pending_traffic_at_least(25, 30).await;
     env.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:3")]}}}}}})).await;
     let c = env
         .eventually("a new pending cluster C after the rollback", 90, || async {
@@ -327,10 +321,7 @@ async fn pause_resume_and_promote() {
     env.deploy(50, 10, 2).await;
     let observer = env.observe(50);
     let new = env.upgrade_to("ray:2").await;
-    env.eventually("traffic moving", 30, || async {
-        (env.levels().await.1.1 >= 10).then_some(())
-    })
-    .await;
+    env.pending_traffic_at_least(10, 30).await;
     env.patch(json!({"metadata": {"annotations": {"rayshift.io/upgrade-control": "pause"}}}))
         .await;
     env.eventually("Paused", 20, || async {
@@ -364,10 +355,7 @@ async fn abort_rolls_back_and_stays_back() {
     let old = env.deploy(50, 25, 1).await;
     let observer = env.observe(50);
     env.upgrade_to("ray:2").await;
-    env.eventually("traffic moving", 30, || async {
-        (env.levels().await.1.1 >= 25).then_some(())
-    })
-    .await;
+    env.pending_traffic_at_least(25, 30).await;
     env.patch(json!({"metadata": {"annotations": {"rayshift.io/upgrade-control": "abort"}}}))
         .await;
     env.eventually("rolled back", 60, || async {
@@ -416,10 +404,7 @@ async fn faulty_dashboards_hold_traffic_then_the_deadline_rolls_back() {
     env.deploy(50, 25, 1).await;
     let observer = env.observe(50);
     let new = env.upgrade_to("ray:2").await;
-    env.eventually("traffic moving", 30, || async {
-        (env.levels().await.1.1 >= 25).then_some(())
-    })
-    .await;
+    env.pending_traffic_at_least(25, 30).await;
     for fault in [
         Fault::ServerError,
         Fault::Slow(Duration::from_secs(3)),
@@ -744,10 +729,7 @@ async fn a_restarted_controller_resumes_from_status() {
     let old = env.deploy(20, 10, 1).await;
     let observer = env.observe(20);
     let new = env.upgrade_to("ray:2").await;
-    env.eventually("traffic at 20% or more", 60, || async {
-        (env.levels().await.1.1 >= 20).then_some(())
-    })
-    .await;
+    env.pending_traffic_at_least(20, 60).await;
     drop(env.controller.take());
     let frozen = env.levels().await;
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -16,8 +16,9 @@
 use jiff::{SignedDuration, Timestamp};
 
 use crate::{
+    RayService,
     rayservice::{ClusterServiceStatus, ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT},
-    upgrade_control::DEFAULT_DRAIN_SECONDS,
+    upgrade_control::{self, DEFAULT_DRAIN_SECONDS},
 };
 
 /// Which of the two clusters.
@@ -45,7 +46,7 @@ pub struct UpgradeOptions {
     pub step_size_percent: i32,
     /// Minimum time between two traffic steps.
     pub interval: SignedDuration,
-    /// How long a cluster whose traffic went to 0 keeps its last replicas after that step (see `draining`).
+    /// How long a cluster whose traffic went to 0 keeps its last replicas after that step (see `lower`).
     pub drain: SignedDuration,
 }
 
@@ -62,6 +63,19 @@ impl UpgradeOptions {
             interval: SignedDuration::from_secs(i64::from(interval)),
             drain: SignedDuration::from_secs(DEFAULT_DRAIN_SECONDS),
         })
+    }
+
+    /// The options an incremental upgrade of `rs` runs with: its clusterUpgradeOptions, and the drain time of
+    /// its annotation, else `default_drain_seconds` (the operator's). `None` as for `from_spec`.
+    pub fn of(rs: &RayService, default_drain_seconds: i64) -> Option<Self> {
+        let drain = rs
+            .metadata
+            .annotations
+            .as_ref()
+            .map_or(default_drain_seconds, |a| {
+                upgrade_control::drain_seconds(a, default_drain_seconds)
+            });
+        Some(Self::from_spec(rs.spec.cluster_upgrade_options()?)?.with_drain_seconds(drain))
     }
 
     /// The same options with another drain time, in seconds.
@@ -227,10 +241,7 @@ fn forward(opts: &UpgradeOptions, obs: &Observed) -> Action {
         if a.capacity + p.capacity > 100 {
             // Never below the traffic the active cluster still carries.
             let percent = (a.capacity - opts.max_surge_percent).max(a.traffic).max(0);
-            return drained_first(opts, obs, percent).unwrap_or(Action::SetTargetCapacity {
-                role: Role::Active,
-                percent,
-            });
+            return lower(opts, obs, Role::Active, percent);
         }
         if p.capacity < 100 {
             let percent = (p.capacity + opts.max_surge_percent).min(100);
@@ -275,10 +286,7 @@ fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
         if a.capacity + pending_capacity > 100 {
             // Never below the traffic the pending cluster still carries (KubeRay bug 9.7).
             let percent = (p.capacity - opts.max_surge_percent).max(p.traffic).max(0);
-            return drained_first(opts, obs, percent).unwrap_or(Action::SetTargetCapacity {
-                role: Role::Pending,
-                percent,
-            });
+            return lower(opts, obs, Role::Pending, percent);
         }
         if a.capacity < 100 {
             let percent = (a.capacity + opts.max_surge_percent).min(100);
@@ -288,10 +296,7 @@ fn rollback(opts: &UpgradeOptions, obs: &Observed) -> Action {
             };
         }
         // Active is at 100/100 and the sum is within bounds: only the pending capacity is left.
-        return drained_first(opts, obs, 0).unwrap_or(Action::SetTargetCapacity {
-            role: Role::Pending,
-            percent: 0,
-        });
+        return lower(opts, obs, Role::Pending, 0);
     }
     if !obs.active_capacity_ready {
         return wait(WaitReason::ActiveCapacityNotReady);
@@ -330,17 +335,20 @@ fn over_surge(opts: &UpgradeOptions, obs: &Observed) -> Option<Action> {
     })
 }
 
-/// A cut to 0 waits until `drain` after the traffic step that took the cluster's last traffic. The gateway
-/// may still send it requests under the previous weights for a moment (the route's status can come before
-/// the data plane, and requests already dispatched are on their way), and Ray Serve holds a request for a
-/// deployment without replicas until one appears, which at target_capacity 0 never happens: the request
-/// hangs. Partial cuts leave replicas to serve such stragglers.
-fn drained_first(opts: &UpgradeOptions, obs: &Observed, percent: i32) -> Option<Action> {
-    let until = obs.last_traffic_step?.checked_add(opts.drain).ok()?;
-    (percent == 0 && until > obs.now).then_some(Action::Wait {
-        until: Some(until),
-        reason: WaitReason::Draining,
-    })
+/// Lowers a cluster's capacity; a cut to 0 waits until `drain` after the traffic step that took the
+/// cluster's last traffic. The gateway may still send it requests under the previous weights for a moment
+/// (the route's status can come before the data plane, and requests already dispatched are on their way), and
+/// Ray Serve holds a request for a deployment without replicas until one appears, which at target_capacity 0
+/// never happens: the request hangs. Partial cuts leave replicas to serve such stragglers.
+fn lower(opts: &UpgradeOptions, obs: &Observed, role: Role, percent: i32) -> Action {
+    let until = obs.last_traffic_step.and_then(|t| t.checked_add(opts.drain).ok());
+    match until {
+        Some(until) if percent == 0 && until > obs.now => Action::Wait {
+            until: Some(until),
+            reason: WaitReason::Draining,
+        },
+        _ => Action::SetTargetCapacity { role, percent },
+    }
 }
 
 /// When the next traffic step is due, if that is still in the future.

@@ -36,35 +36,45 @@ pub fn control(annotations: &BTreeMap<String, String>) -> Control {
     }
 }
 
+/// A whole-seconds annotation: `None` when absent, `Ok` when at least `min`, else `Err` with its raw value.
+fn seconds<'a>(
+    annotations: &'a BTreeMap<String, String>,
+    key: &str,
+    min: i64,
+) -> Option<Result<i64, &'a str>> {
+    let raw = annotations.get(key)?;
+    Some(
+        raw.trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|v| *v >= min)
+            .ok_or(raw.as_str()),
+    )
+}
+
 /// The progress deadline in seconds: the annotation, else the operator default.
 pub fn progress_deadline(annotations: &BTreeMap<String, String>, default: i64) -> i64 {
-    annotations
-        .get(PROGRESS_DEADLINE_ANNOTATION)
-        .and_then(|v| v.trim().parse::<i64>().ok())
-        .filter(|v| *v > 0)
+    seconds(annotations, PROGRESS_DEADLINE_ANNOTATION, 1)
+        .and_then(Result::ok)
         .unwrap_or(default)
 }
 
 /// The annotation's value when it is not a positive number of seconds (admission denies it; the
 /// controller falls back to its default).
 pub fn invalid_progress_deadline(annotations: &BTreeMap<String, String>) -> Option<&str> {
-    let raw = annotations.get(PROGRESS_DEADLINE_ANNOTATION)?;
-    (raw.trim().parse::<i64>().ok().filter(|v| *v > 0).is_none()).then_some(raw.as_str())
+    seconds(annotations, PROGRESS_DEADLINE_ANNOTATION, 1).and_then(Result::err)
 }
 
 /// The drain time in seconds: the annotation (0 or more), else the operator default.
 pub fn drain_seconds(annotations: &BTreeMap<String, String>, default: i64) -> i64 {
-    annotations
-        .get(DRAIN_ANNOTATION)
-        .and_then(|v| v.trim().parse::<i64>().ok())
-        .filter(|v| *v >= 0)
+    seconds(annotations, DRAIN_ANNOTATION, 0)
+        .and_then(Result::ok)
         .unwrap_or(default)
 }
 
 /// The drain annotation's value when it is not a whole number of seconds ≥ 0 (admission denies it).
 pub fn invalid_drain(annotations: &BTreeMap<String, String>) -> Option<&str> {
-    let raw = annotations.get(DRAIN_ANNOTATION)?;
-    (raw.trim().parse::<i64>().ok().filter(|v| *v >= 0).is_none()).then_some(raw.as_str())
+    seconds(annotations, DRAIN_ANNOTATION, 0).and_then(Result::err)
 }
 
 /// Whether the upgrade has gone longer than the deadline without progress. Waiting for a step that is not

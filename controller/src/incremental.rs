@@ -109,14 +109,8 @@ pub fn count(ctx: &Context, rs: &RayService, tallies: &[Tally]) {
 /// The spec's pacing and control, and the operator's settings.
 fn settings(p: &Pass<'_>) -> Result<Settings> {
     let options =
-        p.rs.spec
-            .cluster_upgrade_options()
-            .and_then(UpgradeOptions::from_spec);
+        UpgradeOptions::of(p.rs, p.ctx.options.drain_seconds).ok_or(Error::UnusableUpgradeOptions)?;
     let annotations = p.rs.annotations();
-    let drain = upgrade_control::drain_seconds(annotations, p.ctx.options.drain_seconds);
-    let options = options
-        .ok_or(Error::UnusableUpgradeOptions)?
-        .with_drain_seconds(drain);
     let deadline = upgrade_control::progress_deadline(annotations, p.ctx.options.progress_deadline_seconds);
     let duration = |d: Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
     Ok(Settings {

@@ -28,9 +28,7 @@ pub struct LeaderElection {
     pub namespace: String,
     pub name: String,
     pub identity: String,
-    pub lease_duration: Duration,
-    pub renew_deadline: Duration,
-    pub retry: Duration,
+    pub timing: LeaseTiming,
     /// Read right before every write.
     pub leadership: Arc<Leadership>,
 }
@@ -110,9 +108,7 @@ impl LeaderElection {
             namespace,
             name,
             identity,
-            lease_duration: timing.lease_duration,
-            renew_deadline: timing.renew_deadline,
-            retry: timing.retry,
+            timing,
             leadership: Arc::new(Leadership::new(timing.renew_deadline)),
         }
     }
@@ -123,7 +119,8 @@ impl LeaderElection {
         loop {
             // One attempt never outlasts the renew deadline: a hung request must not keep a leader leading.
             let started = Instant::now();
-            let attempt = tokio::time::timeout(self.renew_deadline, self.try_acquire_or_renew(&api)).await;
+            let attempt =
+                tokio::time::timeout(self.timing.renew_deadline, self.try_acquire_or_renew(&api)).await;
             let held = match attempt {
                 Ok(Ok(held)) => {
                     // The Lease counts from when the renewal was sent, not from when its answer came.
@@ -151,7 +148,7 @@ impl LeaderElection {
             }
             tokio::select! {
                 _ = shutdown.wait_for(|s| *s) => break,
-                _ = tokio::time::sleep(self.retry) => {}
+                _ = tokio::time::sleep(self.timing.retry) => {}
             }
         }
         if *leader.borrow() {
@@ -163,7 +160,7 @@ impl LeaderElection {
 
     async fn try_acquire_or_renew(&self, api: &Api<Lease>) -> Result<bool, kube::Error> {
         let now = MicroTime(Timestamp::now());
-        let duration_secs = i32::try_from(self.lease_duration.as_secs()).unwrap_or(15);
+        let duration_secs = i32::try_from(self.timing.lease_duration.as_secs()).unwrap_or(15);
         let Some(mut lease) = api.get_opt(&self.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {

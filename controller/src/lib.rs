@@ -260,10 +260,8 @@ async fn run_controller(
     let cluster_stream = cached(&client, ns, owned(), cluster_writer);
     let head_stream = cached(&client, ns, head_pods(), head_writer);
     let (rayservices, rayservice_writer) = reflector::store::<RayService>();
-    let rayservice_stream = watcher(services, watcher::Config::default())
-        .backoff(RecoveryBackoff::new())
-        .reflect(rayservice_writer)
-        .applied_objects();
+    let rayservice_stream =
+        reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
     let mut controller = Controller::for_stream(rayservice_stream, rayservices)
         .trigger_backoff(NoPause)
         .owns_stream(cluster_stream)
@@ -310,10 +308,7 @@ async fn run_controller(
 /// Whether the apiserver serves this kind (its CRD is installed).
 async fn served<K>(client: &Client, ns: Option<&str>) -> bool
 where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+    K: Watched + kube::Resource<Scope = kube::core::NamespaceResourceScope>,
 {
     api::<K>(client, ns)
         .list(&kube::api::ListParams::default().limit(1))
@@ -333,6 +328,29 @@ async fn detect_gateway_api(client: &Client, ns: Option<&str>, ctx: &Context) ->
     found
 }
 
+/// What a watched kind with a read cache must be.
+trait Watched:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// A watch that fills a read cache, then triggers the controller.
 fn cached<K>(
     client: &Client,
@@ -341,18 +359,20 @@ fn cached<K>(
     writer: reflector::store::Writer<K>,
 ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
 where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched + kube::Resource<Scope = kube::core::NamespaceResourceScope>,
 {
-    watcher(api::<K>(client, ns), config)
+    reflected(api::<K>(client, ns), config, writer).touched_objects()
+}
+
+/// A watch, retried with `RecoveryBackoff`, whose events fill a read cache.
+fn reflected<K: Watched>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = std::result::Result<watcher::Event<K>, watcher::Error>> + Send + 'static {
+    watcher(api, config)
         .backoff(RecoveryBackoff::new())
         .reflect(writer)
-        .touched_objects()
 }
 
 /// The RayServices a Gateway API object matters to: its owner, and those whose annotations name it (a
@@ -405,17 +425,14 @@ fn forget_deleted(
 ) -> tokio::task::JoinHandle<()> {
     let (rayservices, writer) = reflector::store::<RayService>();
     tokio::spawn(
-        watcher(services, watcher::Config::default())
-            .backoff(RecoveryBackoff::new())
-            .reflect(writer)
-            .for_each(move |event| {
-                if let Ok(event) = event {
-                    if matches!(event, watcher::Event::InitDone) {
-                        readiness.set_synced(true);
-                    }
-                    forget_gone(&ctx, &rayservices, &event);
+        reflected(services, watcher::Config::default(), writer).for_each(move |event| {
+            if let Ok(event) = event {
+                if matches!(event, watcher::Event::InitDone) {
+                    readiness.set_synced(true);
                 }
-                futures::future::ready(())
-            }),
+                forget_gone(&ctx, &rayservices, &event);
+            }
+            futures::future::ready(())
+        }),
     )
 }

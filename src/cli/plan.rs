@@ -59,13 +59,7 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         println!("RayService {name} uses {what}; there is no incremental plan.");
         return Ok(ExitCode::SUCCESS);
     }
-    let drain = upgrade_control::drain_seconds(rs.annotations(), upgrade_control::DEFAULT_DRAIN_SECONDS);
-    let Some(opts) = rs
-        .spec
-        .cluster_upgrade_options()
-        .and_then(UpgradeOptions::from_spec)
-        .map(|o| o.with_drain_seconds(drain))
-    else {
+    let Some(opts) = UpgradeOptions::of(&rs, upgrade_control::DEFAULT_DRAIN_SECONDS) else {
         eprintln!(
             "RayService {name}: clusterUpgradeOptions cannot make progress (need stepSizePercent and \
              maxSurgePercent in 1..100 and intervalSeconds >= 0); run `rayshift validate` for details"

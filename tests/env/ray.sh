@@ -60,10 +60,8 @@ start() {
   local ns_addr="$ns_ip/24"
   if [ -n "$address" ]; then
     # The Pod's own IP: a /32 on each end, each the other's peer (a host route only while the pair exists).
-    # Every pair has the same host end, as every Pod has the same node: kwok hands a deleted Pod's IP to a new
-    # one, and a client's idle keep-alive connection to the old head must meet a RST from the new one (and
-    # retry), as on a real node. With one host address per pair, that RST went to an address the new head
-    # cannot route to, and Traefik's first requests on its stale connections hung for 10 s.
+    # Every pair has the same host end, as every Pod has the same node to answer to (kwok hands a deleted Pod's
+    # IP to a new one). The address is in 10.250.0.0/16, which local-routes.sh keeps unreachable off this host.
     local link_ip="10.250.64.1"
     ns_ip=$address host_ip="$link_ip peer $address" ns_addr="$address peer $link_ip"
   fi

@@ -93,15 +93,11 @@ pub fn control_plane_beside_ray() -> &'static ControlPlane {
 
 /// Paths of an upstream CRD set.
 pub fn upstream_crds(set: &str) -> Vec<PathBuf> {
-    let out = Command::new("bash")
-        .arg(repo().join("tests/env/upstream.sh"))
-        .args(["crds", set])
-        .output()
-        .expect("run tests/env/upstream.sh");
-    assert!(
-        out.status.success(),
-        "upstream CRDs {set}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        Command::new("bash")
+            .arg(repo().join("tests/env/upstream.sh"))
+            .args(["crds", set]),
+        &format!("upstream CRDs {set}"),
     );
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -193,19 +189,15 @@ impl ControlPlane {
     /// Starts the real KubeRay operator, kube-scheduler and kwok against it (tests/env/kuberay.sh); they stop
     /// with the control plane, or when this process exits.
     pub fn with_kuberay(self) -> Self {
-        let out = Command::new("bash")
-            .arg(repo().join("tests/env/kuberay.sh"))
-            .arg("start")
-            .arg(self.kuberay_dir())
-            .arg(&self.kubeconfig)
-            .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
-            .env("RAYSHIFT_CP_NICE", self.nice.to_string())
-            .output()
-            .expect("run tests/env/kuberay.sh");
-        assert!(
-            out.status.success(),
-            "KubeRay and kwok did not start: {}",
-            String::from_utf8_lossy(&out.stderr)
+        succeeded(
+            Command::new("bash")
+                .arg(repo().join("tests/env/kuberay.sh"))
+                .arg("start")
+                .arg(self.kuberay_dir())
+                .arg(&self.kubeconfig)
+                .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
+                .env("RAYSHIFT_CP_NICE", self.nice.to_string()),
+            "KubeRay and kwok did not start",
         );
         self
     }
@@ -255,19 +247,14 @@ impl ControlPlane {
             .unwrap()
             .keep();
         let started = Instant::now();
-        let out = Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .arg(&dir)
-            .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
-            .env("RAYSHIFT_CP_NICE", nice.to_string())
-            .output()
-            .expect("run tests/env/control-plane.sh");
-        assert!(
-            out.status.success(),
-            "control plane did not start:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        succeeded(
+            Command::new("bash")
+                .arg(script())
+                .arg("start")
+                .arg(&dir)
+                .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
+                .env("RAYSHIFT_CP_NICE", nice.to_string()),
+            "control plane did not start",
         );
         let server = std::fs::read_to_string(dir.join("server"))
             .unwrap()
@@ -294,14 +281,9 @@ impl ControlPlane {
         if compact {
             cmd.arg("compact");
         }
-        let out = cmd
-            .env("RAYSHIFT_CP_NICE", self.nice.to_string())
-            .output()
-            .expect("run tests/env/control-plane.sh");
-        assert!(
-            out.status.success(),
-            "kube-apiserver did not restart: {}",
-            String::from_utf8_lossy(&out.stderr)
+        succeeded(
+            cmd.env("RAYSHIFT_CP_NICE", self.nice.to_string()),
+            "kube-apiserver did not restart",
         );
     }
 
@@ -440,4 +422,16 @@ pub fn alive(pid: u32) -> bool {
                 .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
         })
         .unwrap_or(false)
+}
+
+/// Runs one of the environment scripts; panics with its output unless it succeeded.
+fn succeeded(cmd: &mut Command, what: &str) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }

@@ -177,6 +177,16 @@ impl Env {
         )
     }
 
+    /// Waits until the pending cluster carries at least `percent` of the traffic.
+    pub async fn pending_traffic_at_least(&self, percent: i32, secs: u64) {
+        self.eventually(
+            &format!("{percent}% of traffic on the pending cluster"),
+            secs,
+            || async { (self.levels().await.1.1 >= percent).then_some(()) },
+        )
+        .await;
+    }
+
     pub async fn promoted_to(&self, cluster: &str, secs: u64) {
         self.eventually(&format!("{cluster} promoted"), secs, || async {
             let rs = self.get().await;
