@@ -18,6 +18,7 @@ use std::{
 
 use axum::{Router, routing::post};
 use rayshift_webhook::{
+    admission::{self, AdmissionConfig, Hook},
     certs::{self, ServingCertRequest},
     metrics::Metrics,
     server::{self, ServerSettings},
@@ -25,10 +26,20 @@ use rayshift_webhook::{
 };
 use serde_json::{Value, json};
 
+/// The same allocator as the `rayshift` binary, so the two servers differ only in their handlers.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--noop-server") {
         noop_server(&args[i + 1], &args[i + 2]);
+        return;
+    }
+    let body = serde_json::to_vec(&review()).unwrap();
+    if let Some(i) = args.iter().position(|a| a == "--review-loop") {
+        // For `valgrind --tool=callgrind`: nothing but the in-process review, N times.
+        review_loop(&body, args[i + 1].parse().unwrap());
         return;
     }
     let seconds: u64 = env("BENCH_SECONDS", 10);
@@ -42,10 +53,15 @@ fn main() {
         valid_days: 1,
     };
     certs::generate(&req, dir.path(), false).unwrap();
-    let body = serde_json::to_vec(&review()).unwrap();
     println!(
         "AdmissionReview body: {} bytes; {seconds} s per phase; {connections} connections for throughput",
         body.len()
+    );
+
+    println!(
+        "in-process CPU per review (one thread, no TLS or HTTP): validate {:.1} µs, mutate {:.1} µs",
+        cpu_per_review(&body, Hook::Validate),
+        cpu_per_review(&body, Hook::Mutate)
     );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -60,18 +76,62 @@ fn main() {
         wait_up(addr);
         let ca = std::fs::read(dir.path().join("ca.crt")).unwrap();
         let url = format!("https://127.0.0.1:{}{}", addr.port(), server::VALIDATE_PATH);
+        let pid = child.0.id();
         let r = runtime.block_on(async {
-            load(&url, &ca, &body, 1, Duration::from_secs(1)).await; // warm-up
-            let latency = load(&url, &ca, &body, 1, Duration::from_secs(seconds)).await;
-            let throughput = load(&url, &ca, &body, connections, Duration::from_secs(seconds)).await;
+            load(&url, &ca, &body, 1, Duration::from_secs(1), None).await; // warm-up
+            let latency = load(&url, &ca, &body, 1, Duration::from_secs(seconds), None).await;
+            let cpu = cpu_ns(pid);
+            let mut throughput =
+                load(&url, &ca, &body, connections, Duration::from_secs(seconds), None).await;
+            throughput.server_cpu = Duration::from_nanos(cpu_ns(pid) - cpu);
             (latency, throughput)
         });
-        let rss = rss_kib(child.0.id());
+        if which == Server::Webhook {
+            let rotation = runtime.block_on(rotate_under_load(
+                &req,
+                dir.path(),
+                &url,
+                &body,
+                child.2,
+                connections,
+                seconds,
+            ));
+            rotation.report(rss_kib(pid));
+        }
+        let rss = rss_kib(pid);
         let _ = child.0.kill();
         let _ = child.0.wait();
         results.push((which, r.0, r.1, rss));
     }
     report(&results, connections);
+}
+
+fn review_loop(body: &[u8], n: usize) {
+    let config = admission_config();
+    for _ in 0..n {
+        std::hint::black_box(admission::review(Hook::Validate, body, &config).unwrap());
+    }
+}
+
+/// Mean wall time of one in-process review over 2 s (the thread does nothing else).
+fn cpu_per_review(body: &[u8], hook: Hook) -> f64 {
+    let config = admission_config();
+    let (started, mut n) = (Instant::now(), 0u32);
+    while started.elapsed() < Duration::from_secs(2) {
+        std::hint::black_box(admission::review(hook, body, &config).unwrap());
+        n += 1;
+    }
+    started.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+}
+
+fn admission_config() -> AdmissionConfig {
+    let mut config = AdmissionConfig::default();
+    config
+        .validation
+        .feature_gates
+        .set("RayServiceIncrementalUpgrade", true)
+        .unwrap();
+    config
 }
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -88,28 +148,22 @@ enum Server {
 }
 
 impl Server {
-    fn spawn(self, dir: &Path) -> (Child, SocketAddr) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    /// The process, its TLS address and (the webhook's) metrics address.
+    fn spawn(self, dir: &Path) -> (Child, SocketAddr, SocketAddr) {
+        let addr = free_addr();
+        let metrics = free_addr();
         let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
         let mut cmd = match self {
             Server::Webhook => {
-                let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-                    .port();
                 let mut c = Command::new(env!("CARGO_BIN_EXE_rayshift"));
                 c.arg("webhook")
                     .args([
                         "--webhook-addr",
                         &addr.to_string(),
                         "--metrics-addr",
-                        &format!("127.0.0.1:{metrics_port}"),
+                        &metrics.to_string(),
+                        "--cert-reload-interval-seconds",
+                        "1",
                     ])
                     .arg("--tls-cert-file")
                     .arg(&cert)
@@ -129,8 +183,15 @@ impl Server {
             }
         };
         let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-        (child, addr)
+        (child, addr, metrics)
     }
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
 }
 
 fn wait_up(addr: SocketAddr) {
@@ -176,25 +237,63 @@ struct Run {
     latencies: Vec<Duration>,
     elapsed: Duration,
     errors: usize,
+    /// CPU the server process spent during the run, all threads.
+    server_cpu: Duration,
 }
 
-async fn load(url: &str, ca: &[u8], body: &[u8], connections: usize, duration: Duration) -> Run {
+impl Run {
+    fn rate(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn cpu_per_request_us(&self) -> f64 {
+        self.server_cpu.as_secs_f64() * 1e6 / self.latencies.len() as f64
+    }
+}
+
+/// CPU time of every thread of `pid` so far (the scheduler's own count, in ns).
+fn cpu_ns(pid: u32) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn client(ca: &[u8]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(ca).unwrap())
+        .pool_max_idle_per_host(1)
+        .http1_only()
+        .build()
+        .unwrap()
+}
+
+/// `connections` keep-alive connections sending `body` for `duration`; with `reconnect_every`, each
+/// opens a new connection (a new TLS handshake) after that many requests.
+async fn load(
+    url: &str,
+    ca: &[u8],
+    body: &[u8],
+    connections: usize,
+    duration: Duration,
+    reconnect_every: Option<usize>,
+) -> Run {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..connections {
-        let client = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(ca).unwrap())
-            .pool_max_idle_per_host(1)
-            .http1_only()
-            .build()
-            .unwrap();
+        let ca = ca.to_vec();
         let (url, body) = (url.to_string(), body.to_vec());
         tasks.push(tokio::spawn(async move {
+            let mut client = client(&ca);
             let mut lat = Vec::new();
             let mut errors = 0;
             while started.elapsed() < duration {
+                if reconnect_every.is_some_and(|n| (lat.len() + errors + 1) % n == 0) {
+                    client = self::client(&ca);
+                }
                 let t = Instant::now();
                 match client
                     .post(&url)
@@ -217,6 +316,7 @@ async fn load(url: &str, ca: &[u8], body: &[u8], connections: usize, duration: D
         latencies: Vec::new(),
         elapsed: Duration::ZERO,
         errors: 0,
+        server_cpu: Duration::ZERO,
     };
     for t in tasks {
         let (lat, errors) = t.await.unwrap();
@@ -226,6 +326,100 @@ async fn load(url: &str, ca: &[u8], body: &[u8], connections: usize, duration: D
     run.elapsed = started.elapsed();
     run.latencies.sort();
     run
+}
+
+const RECONNECT_EVERY: usize = 50;
+
+async fn rotate_under_load(
+    req: &ServingCertRequest,
+    dir: &Path,
+    url: &str,
+    body: &[u8],
+    metrics: SocketAddr,
+    connections: usize,
+    seconds: u64,
+) -> Rotation {
+    let reloads_before = reloads(metrics, "success").await;
+    let ca = std::fs::read(dir.join("ca.crt")).unwrap();
+    let (req, dir) = (req.clone(), dir.to_path_buf());
+    let rotations = tokio::spawn(async move {
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(seconds) / 4).await;
+            // Same CA, new key and certificate, each file replaced by a rename.
+            let (req, dir) = (req.clone(), dir.clone());
+            tokio::task::spawn_blocking(move || certs::generate(&req, &dir, true).unwrap())
+                .await
+                .unwrap();
+        }
+    });
+    let run = load(
+        url,
+        &ca,
+        body,
+        connections,
+        Duration::from_secs(seconds),
+        Some(RECONNECT_EVERY),
+    )
+    .await;
+    rotations.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // one reload interval
+    Rotation {
+        connections,
+        run,
+        reloads_before,
+        reloads_after: reloads(metrics, "success").await,
+        reload_errors: reloads(metrics, "error").await,
+    }
+}
+
+/// `rayshift_webhook_certificate_reloads_total{result}` from the webhook's metrics endpoint.
+async fn reloads(metrics: SocketAddr, result: &str) -> f64 {
+    let text = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series = format!("rayshift_webhook_certificate_reloads_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Load with new connections all along while the serving certificate is replaced 3 times.
+struct Rotation {
+    connections: usize,
+    run: Run,
+    reloads_before: f64,
+    reloads_after: f64,
+    reload_errors: f64,
+}
+
+impl Rotation {
+    fn report(&self, (rss, hwm): (u64, u64)) {
+        println!(
+            "certificate rotated 3 times under load ({} conns, a new TLS connection every {RECONNECT_EVERY} \
+             requests): {} requests at {:.0}/s, {} failed; p99 {:.3} ms; reloads seen {} (errors {}); webhook \
+             RSS {:.1} MiB (peak {:.1})",
+            self.connections,
+            self.run.latencies.len(),
+            self.run.rate(),
+            self.run.errors,
+            pct(&self.run.latencies, 0.99),
+            self.reloads_after - self.reloads_before,
+            self.reload_errors,
+            rss as f64 / 1024.0,
+            hwm as f64 / 1024.0,
+        );
+        assert_eq!(
+            self.run.errors, 0,
+            "requests failed while the certificate rotated"
+        );
+        assert!(
+            self.reloads_after - self.reloads_before >= 3.0,
+            "the webhook did not load each new certificate"
+        );
+    }
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
@@ -252,35 +446,38 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 fn report(results: &[(Server, Run, Run, (u64, u64))], connections: usize) {
     println!();
     println!(
-        "| server | p50 ms (1 conn) | p99 ms (1 conn) | req/s (1 conn) | p50 ms ({connections} conns) | p99 ms ({connections} conns) | req/s ({connections} conns) | errors | RSS MiB (peak) |"
+        "| server | p50 ms (1 conn) | p99 ms (1 conn) | req/s (1 conn) | p50 ms ({connections} conns) | p99 ms ({connections} conns) | req/s ({connections} conns) | server CPU µs/request ({connections} conns) | errors | RSS MiB (peak) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (which, lat, thr, (rss, hwm)) in results {
         println!(
-            "| {} | {:.3} | {:.3} | {:.0} | {:.3} | {:.3} | {:.0} | {} | {:.1} ({:.1}) |",
+            "| {} | {:.3} | {:.3} | {:.0} | {:.3} | {:.3} | {:.0} | {:.1} | {} | {:.1} ({:.1}) |",
             match which {
                 Server::Webhook => "rayshift webhook",
                 Server::Noop => "no-op axum+rustls",
             },
             pct(&lat.latencies, 0.5),
             pct(&lat.latencies, 0.99),
-            lat.latencies.len() as f64 / lat.elapsed.as_secs_f64(),
+            lat.rate(),
             pct(&thr.latencies, 0.5),
             pct(&thr.latencies, 0.99),
-            thr.latencies.len() as f64 / thr.elapsed.as_secs_f64(),
+            thr.rate(),
+            thr.cpu_per_request_us(),
             lat.errors + thr.errors,
             *rss as f64 / 1024.0,
             *hwm as f64 / 1024.0,
         );
     }
-    let rate = |r: &Run| r.latencies.len() as f64 / r.elapsed.as_secs_f64();
     let (w, n) = (&results[0], &results[1]);
     println!();
     println!(
-        "throughput ratio webhook/no-op: {:.2} (1 conn), {:.2} ({connections} conns); p99 webhook {:.3} ms (1 conn)",
-        rate(&w.1) / rate(&n.1),
-        rate(&w.2) / rate(&n.2),
-        pct(&w.1.latencies, 0.99)
+        "throughput ratio webhook/no-op: {:.2} (1 conn), {:.2} ({connections} conns); server CPU per request \
+         webhook/no-op: {:.2}; p99 webhook {:.3} ms (1 conn), {:.3} ms ({connections} conns)",
+        w.1.rate() / n.1.rate(),
+        w.2.rate() / n.2.rate(),
+        w.2.cpu_per_request_us() / n.2.cpu_per_request_us(),
+        pct(&w.1.latencies, 0.99),
+        pct(&w.2.latencies, 0.99),
     );
 }
 

@@ -341,6 +341,19 @@ async fn malformed_requests_get_4xx_with_a_message() {
     let (code, msg) = s.post(VALIDATE, serde_json::to_vec(&review).unwrap()).await;
     assert_eq!(code, 400);
     assert!(msg.contains("not a ray.io/v1 RayService"), "{msg}");
+    let (code, msg) = s.post(MUTATE, serde_json::to_vec(&review).unwrap()).await;
+    assert_eq!(code, 400);
+    assert!(msg.contains("not a ray.io/v1 RayService"), "{msg}");
+    // A body that decodes as a RayService but says it is another version is refused all the same.
+    let mut other_version = fixture("allowed-incremental");
+    other_version["apiVersion"] = json!("ray.io/v1alpha1");
+    let wrong = admission_review("CREATE", Some(&other_version), None);
+    let (code, msg) = s.post(VALIDATE, serde_json::to_vec(&wrong).unwrap()).await;
+    assert_eq!(code, 400, "{msg}");
+    assert!(
+        msg.contains("a ray.io/v1alpha1 RayService, not a ray.io/v1 RayService"),
+        "{msg}"
+    );
     review["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "ConfigMap"});
     let (code, msg) = s.post(MUTATE, serde_json::to_vec(&review).unwrap()).await;
     assert_eq!(code, 400);
@@ -379,7 +392,7 @@ async fn malformed_requests_get_4xx_with_a_message() {
     assert_eq!(ok["allowed"], true, "still serving after bad input");
     let metrics = s.webhook.metrics();
     assert!(
-        metric(&metrics, r#"rayshift_admission_bad_requests_total{code="400"}"#) >= 9.0,
+        metric(&metrics, r#"rayshift_admission_bad_requests_total{code="400"}"#) >= 11.0,
         "{metrics}"
     );
     assert!(

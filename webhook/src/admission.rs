@@ -3,8 +3,6 @@
 //! A well-formed review always gets an AdmissionReview back (denials live inside it); a body that is not
 //! a RayService AdmissionReview at all is a client error with a message (HTTP 400).
 
-use std::borrow::Cow;
-
 use base64::Engine;
 use kube::core::{
     GroupVersionKind, Status,
@@ -13,9 +11,12 @@ use kube::core::{
 };
 use rayshift_api::{
     defaulting::{self, UpgradeDefaults},
-    validation::{self, ValidationConfig, Verdict},
+    validation::{self, Admitted, StoredObject, ValidationConfig, Verdict},
 };
-use serde::Deserialize;
+use serde::{
+    Deserialize,
+    de::{DeserializeOwned, IgnoredAny},
+};
 use serde_json::{Value, value::RawValue};
 
 use crate::error::Error;
@@ -56,30 +57,29 @@ pub struct Record {
 
 const ADMISSION_V1: &str = "admission.k8s.io/v1";
 
-/// The envelope, read without building a JSON tree for the objects inside (they are decoded once,
-/// straight into their types).
+/// An AdmissionReview; its request is a [`RequestIn`] with the objects decoded as the path needs them.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ReviewIn<'a> {
-    api_version: Option<Cow<'a, str>>,
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    request: Option<&'a RawValue>,
+struct ReviewIn<R> {
+    api_version: Option<String>,
+    kind: Option<String>,
+    request: Option<R>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RequestIn<'a> {
-    uid: Cow<'a, str>,
+struct RequestIn<O, S> {
+    uid: String,
     kind: GroupVersionKind,
     operation: Operation,
     #[serde(default)]
     dry_run: bool,
-    #[serde(borrow, default)]
-    object: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    old_object: Option<&'a RawValue>,
+    object: Option<O>,
+    old_object: Option<S>,
 }
+
+/// The objects left as JSON text, for the step-by-step path.
+type RawRequest = RequestIn<Box<RawValue>, Box<RawValue>>;
 
 /// Just the type of an object.
 #[derive(Deserialize)]
@@ -92,55 +92,66 @@ struct TypeOnly {
 }
 
 /// Answers one AdmissionReview body; `Err` means the body was not a usable AdmissionReview.
+///
+/// A validation review is decoded in one pass, objects included. Whatever that pass cannot decode (a
+/// field of the wrong type, a stored object that no longer decodes, a body that is not a review) takes
+/// the step-by-step path, which names what is wrong.
 pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Value, Record), Error> {
     let text = std::str::from_utf8(body)
         .map_err(|e| Error::BadRequest(format!("request body is not valid JSON: not UTF-8 ({e})")))?;
-    let envelope: ReviewIn<'_> = serde_json::from_str(text).map_err(|e| {
-        Error::BadRequest(if e.is_syntax() || e.is_eof() {
-            format!("request body is not valid JSON: {e}")
-        } else {
-            format!("expected an {ADMISSION_V1} AdmissionReview object: {e}")
-        })
-    })?;
-    let (api_version, kind) = (envelope.api_version.as_deref(), envelope.kind.as_deref());
-    if (api_version, kind) != (Some(ADMISSION_V1), Some("AdmissionReview")) {
-        return Err(Error::BadRequest(format!(
-            "expected an {ADMISSION_V1} AdmissionReview, got apiVersion {api_version:?} kind {kind:?}"
-        )));
+    match hook {
+        Hook::Validate => match serde_json::from_str(text).ok().and_then(v1_request) {
+            Some(req) => admit(
+                req,
+                |response, object: Admitted, old: Option<StoredObject>, record| {
+                    validate(response, object, old.as_ref(), config, record)
+                },
+            ),
+            None => admit(request::<RawRequest>(text)?, |response, object, old, record| {
+                validate_raw(response, &object, old.as_deref(), config, record)
+            }),
+        },
+        Hook::Mutate => admit(
+            request::<RequestIn<Value, IgnoredAny>>(text)?,
+            |response, object, _, record| mutate(response, object, config, record),
+        ),
     }
-    let raw = envelope
-        .request
-        .filter(|r| r.get().trim_start().starts_with('{'))
-        .ok_or_else(|| Error::BadRequest("AdmissionReview has no request".into()))?;
-    let req: RequestIn<'_> = serde_json::from_str(raw.get())
-        .map_err(|e| Error::BadRequest(format!("AdmissionReview request is malformed: {e}")))?;
+}
+
+fn v1_request<R>(review: ReviewIn<R>) -> Option<R> {
+    let v1 = review.api_version.as_deref() == Some(ADMISSION_V1)
+        && review.kind.as_deref() == Some("AdmissionReview");
+    review.request.filter(|_| v1)
+}
+
+/// The request of a v1 AdmissionReview body.
+fn request<R: DeserializeOwned>(text: &str) -> Result<R, Error> {
+    serde_json::from_str(text)
+        .ok()
+        .and_then(v1_request)
+        .ok_or_else(|| rejection(text))
+}
+
+/// Answers a decoded request: `decide` sees the object of a CREATE or UPDATE.
+fn admit<O, S>(
+    req: RequestIn<O, S>,
+    decide: impl FnOnce(AdmissionResponse, O, Option<S>, &mut Record) -> Result<AdmissionResponse, Error>,
+) -> Result<(Value, Record), Error> {
     if (req.kind.group.as_str(), req.kind.kind.as_str()) != ("ray.io", "RayService") {
         return Err(Error::BadRequest(format!(
             "this webhook admits ray.io RayServices, got {}/{} {}",
             req.kind.group, req.kind.version, req.kind.kind
         )));
     }
-    let object = req.object.filter(|o| o.get() != "null");
-    let old_object = req.old_object.filter(|o| o.get() != "null");
     let mut record = Record {
         operation: operation_name(&req.operation),
         dry_run: req.dry_run,
         ..Record::default()
     };
     let response = response_for(&req.uid);
-    let response = match (req.operation, object) {
+    let response = match (req.operation, req.object) {
         (Operation::Create | Operation::Update, Some(object)) => {
-            check_object_kind(object)?;
-            match hook {
-                Hook::Validate => validate(
-                    response,
-                    object.get(),
-                    old_object.map(RawValue::get),
-                    config,
-                    &mut record,
-                ),
-                Hook::Mutate => mutate(response, object.get(), config, &mut record)?,
-            }
+            decide(response, object, req.old_object, &mut record)?
         }
         (Operation::Create | Operation::Update, None) => {
             return Err(Error::BadRequest(format!(
@@ -153,6 +164,33 @@ pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Valu
     };
     record.allowed = response.allowed;
     Ok((encode(response)?, record))
+}
+
+/// Why a body is not a usable AdmissionReview: the rare path, read again step by step to name the part
+/// that is wrong.
+fn rejection(text: &str) -> Error {
+    let envelope: ReviewIn<Box<RawValue>> = match serde_json::from_str(text) {
+        Ok(e) => e,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            return Error::BadRequest(format!("request body is not valid JSON: {e}"));
+        }
+        Err(e) => {
+            return Error::BadRequest(format!("expected an {ADMISSION_V1} AdmissionReview object: {e}"));
+        }
+    };
+    let (api_version, kind) = (envelope.api_version.as_deref(), envelope.kind.as_deref());
+    if (api_version, kind) != (Some(ADMISSION_V1), Some("AdmissionReview")) {
+        return Error::BadRequest(format!(
+            "expected an {ADMISSION_V1} AdmissionReview, got apiVersion {api_version:?} kind {kind:?}"
+        ));
+    }
+    let Some(raw) = envelope.request.filter(|r| r.get().trim_start().starts_with('{')) else {
+        return Error::BadRequest("AdmissionReview has no request".into());
+    };
+    match serde_json::from_str::<RawRequest>(raw.get()) {
+        Err(e) => Error::BadRequest(format!("AdmissionReview request is malformed: {e}")),
+        Ok(_) => Error::BadRequest("AdmissionReview request is malformed".into()),
+    }
 }
 
 /// An allowing response for request `uid` (kube's constructor wants the whole typed request).
@@ -173,10 +211,15 @@ fn operation_name(op: &Operation) -> &'static str {
     }
 }
 
+/// The rare path: an object that did not decode as a RayService is first checked for its type.
 fn check_object_kind(object: &RawValue) -> Result<(), Error> {
     let t: TypeOnly = serde_json::from_str(object.get())
         .map_err(|e| Error::BadRequest(format!("request object is not a Kubernetes object: {e}")))?;
-    let typed = serde_json::json!({"apiVersion": t.api_version, "kind": t.kind});
+    check_type(t.api_version.as_deref(), t.kind.as_deref())
+}
+
+fn check_type(api_version: Option<&str>, kind: Option<&str>) -> Result<(), Error> {
+    let typed = serde_json::json!({"apiVersion": api_version, "kind": kind});
     match rayshift_api::documents::not_a_rayservice(&typed) {
         None => Ok(()),
         Some(why) => Err(Error::BadRequest(format!("request object is {why}"))),
@@ -184,13 +227,47 @@ fn check_object_kind(object: &RawValue) -> Result<(), Error> {
 }
 
 fn validate(
-    mut response: AdmissionResponse,
-    object: &str,
-    old: Option<&str>,
+    response: AdmissionResponse,
+    object: Admitted,
+    old: Option<&StoredObject>,
     config: &AdmissionConfig,
     record: &mut Record,
+) -> Result<AdmissionResponse, Error> {
+    check_type(object.api_version(), object.kind())?;
+    let name = object.name().to_string();
+    let verdict = object.review(old, &config.validation);
+    Ok(respond(response, &name, &verdict, record))
+}
+
+/// The step-by-step path: a decoding failure is a denial that names the field, unless the object is not
+/// a RayService at all; a stored object that no longer decodes must not block fixing it.
+fn validate_raw(
+    response: AdmissionResponse,
+    raw: &RawValue,
+    old: Option<&RawValue>,
+    config: &AdmissionConfig,
+    record: &mut Record,
+) -> Result<AdmissionResponse, Error> {
+    let old = old.and_then(|o| serde_json::from_str::<StoredObject>(o.get()).ok());
+    match validation::decode_str(raw.get()) {
+        Ok(object) => validate(response, object, old.as_ref(), config, record),
+        Err(decoding) => {
+            check_object_kind(raw)?;
+            let verdict = Verdict {
+                errors: vec![decoding],
+                warnings: Vec::new(),
+            };
+            Ok(respond(response, &object_name(raw.get()), &verdict, record))
+        }
+    }
+}
+
+fn respond(
+    mut response: AdmissionResponse,
+    name: &str,
+    verdict: &Verdict,
+    record: &mut Record,
 ) -> AdmissionResponse {
-    let verdict = validation::review_str(object, old, &config.validation);
     record.warned_rules = verdict.warnings.iter().map(|w| w.rule).collect();
     if !verdict.warnings.is_empty() {
         response.warnings = Some(verdict.warnings.iter().map(ToString::to_string).collect());
@@ -200,7 +277,7 @@ fn validate(
     }
     record.denied_rules = verdict.errors.iter().map(|e| e.rule).collect();
     response.allowed = false;
-    response.result = denial_status(&object_name(object), &verdict);
+    response.result = denial_status(name, verdict);
     response
 }
 
@@ -253,13 +330,14 @@ fn denial_status(name: &str, verdict: &Verdict) -> Status {
 
 fn mutate(
     response: AdmissionResponse,
-    object: &str,
+    object: Value,
     config: &AdmissionConfig,
     record: &mut Record,
 ) -> Result<AdmissionResponse, Error> {
     // Defaulting works on the raw tree so the patch touches only what it adds.
-    let object: Value = serde_json::from_str(object)
-        .map_err(|e| Error::BadRequest(format!("request object is not valid JSON: {e}")))?;
+    if let Some(why) = rayshift_api::documents::not_a_rayservice(&object) {
+        return Err(Error::BadRequest(format!("request object is {why}")));
+    }
     let patch = defaulting::default_patch(&object, &config.defaults);
     if patch.0.is_empty() {
         return Ok(response);
@@ -281,4 +359,90 @@ fn encode(response: AdmissionResponse) -> Result<Value, Error> {
         review["response"]["patch"] = Value::from(base64::engine::general_purpose::STANDARD.encode(bytes));
     }
     Ok(review)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn fixtures() -> Vec<(String, Value)> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/validate");
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for doc in rayshift_api::documents::parse_stream(&text).unwrap() {
+                out.push((path.display().to_string(), doc));
+            }
+        }
+        assert!(out.len() > 50, "fixtures not found in {dir}");
+        out
+    }
+
+    fn body(operation: &str, object: &Value, old: Option<&Value>) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": ADMISSION_V1, "kind": "AdmissionReview",
+            "request": {"uid": "u1", "kind": {"group": "ray.io", "version": "v1", "kind": "RayService"},
+                "operation": operation, "object": object, "oldObject": old}
+        }))
+        .unwrap()
+    }
+
+    fn config() -> AdmissionConfig {
+        let mut config = AdmissionConfig::default();
+        config
+            .validation
+            .feature_gates
+            .set("RayServiceIncrementalUpgrade", true)
+            .unwrap();
+        config
+    }
+
+    /// What the one-pass path must always agree with.
+    fn step_by_step(body: &[u8], config: &AdmissionConfig) -> Result<(Value, Record), Error> {
+        let text = std::str::from_utf8(body).unwrap();
+        admit(request::<RawRequest>(text)?, |response, object, old, record| {
+            validate_raw(response, &object, old.as_deref(), config, record)
+        })
+    }
+
+    fn same(a: &Result<(Value, Record), Error>, b: &Result<(Value, Record), Error>) -> bool {
+        format!("{a:?}") == format!("{b:?}")
+    }
+
+    #[test]
+    fn the_one_pass_path_answers_every_fixture_as_the_step_by_step_path() {
+        let config = config();
+        let (mut allowed, mut denied) = (0, 0);
+        for (file, doc) in fixtures() {
+            for b in [body("CREATE", &doc, None), body("UPDATE", &doc, Some(&doc))] {
+                let fast = review(Hook::Validate, &b, &config);
+                assert!(same(&fast, &step_by_step(&b, &config)), "{file}: {fast:?}");
+                match fast {
+                    Ok((_, record)) if record.allowed => allowed += 1,
+                    _ => denied += 1,
+                }
+            }
+        }
+        assert!(allowed > 10 && denied > 50, "allowed {allowed}, denied {denied}");
+    }
+
+    #[test]
+    fn a_stored_object_that_no_longer_decodes_does_not_block_an_update() {
+        let config = config();
+        let (file, doc) = fixtures()
+            .into_iter()
+            .find(|(f, _)| f.ends_with("allowed-incremental.yaml"))
+            .unwrap();
+        let broken_old = json!({"spec": {"upgradeStrategy": 5}});
+        let b = body("UPDATE", &doc, Some(&broken_old));
+        let (_, record) = review(Hook::Validate, &b, &config).unwrap();
+        assert!(record.allowed, "{file}");
+        assert!(same(
+            &review(Hook::Validate, &b, &config),
+            &step_by_step(&b, &config)
+        ));
+    }
 }

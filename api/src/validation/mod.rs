@@ -10,16 +10,18 @@ use serde_json::Value;
 
 use crate::{feature_gates::FeatureGates, rayservice::RAYSHIFT_MANAGER};
 
+mod admitted;
 pub(crate) mod names;
 mod raycluster;
 mod rayservice;
 mod serve_config;
 mod surge;
 
+pub use admitted::{Admitted, decode_str};
 pub use names::{
     is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, label_value_errors, qualified_name_errors,
 };
-pub use rayservice::{StoredObject, decode, decode_str, go_duration_seconds, review, review_str, validate};
+pub use rayservice::{StoredObject, decode, go_duration_seconds, review, validate};
 pub use serve_config::parse_serve_config;
 
 /// What a violated rule says about its field, in the words `kubectl` users know.

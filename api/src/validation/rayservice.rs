@@ -131,36 +131,12 @@ pub fn review(new: &Value, old: Option<&Value>, cfg: &ValidationConfig) -> Verdi
     validate(&new, old.as_ref(), cfg)
 }
 
-/// Like [`review`], straight from JSON text: no intermediate JSON tree (the webhook's hot path).
-pub fn review_str(new: &str, old: Option<&str>, cfg: &ValidationConfig) -> Verdict {
-    let new = match decode_str(new) {
-        Ok(rs) => rs,
-        Err(e) => {
-            return Verdict {
-                errors: vec![e],
-                warnings: Vec::new(),
-            };
-        }
-    };
-    let old = old.and_then(|o| serde_json::from_str::<StoredObject>(o).ok());
-    validate(&new, old.as_ref(), cfg)
-}
-
 /// Decodes a RayService, turning serde's first error into a field error with a path.
 pub fn decode(value: &Value) -> Result<RayService, FieldError> {
     serde_path_to_error::deserialize(value).map_err(|e| decode_error(value, e))
 }
 
-/// [`decode`] from JSON text.
-pub fn decode_str(text: &str) -> Result<RayService, FieldError> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let value: Value = serde_json::from_str(text).unwrap_or(Value::Null);
-        decode_error(&value, e)
-    })
-}
-
-fn decode_error(value: &Value, e: serde_path_to_error::Error<serde_json::Error>) -> FieldError {
+pub(super) fn decode_error(value: &Value, e: serde_path_to_error::Error<serde_json::Error>) -> FieldError {
     let at = e.path().to_string();
     let shown = value_at(value, &at).cloned().unwrap_or(Value::Null);
     let field = if at == "." { "<root>".to_string() } else { at };
