@@ -409,6 +409,7 @@ async fn faulty_dashboards_hold_traffic_then_the_deadline_rolls_back() {
         Fault::ServerError,
         Fault::Slow(Duration::from_secs(3)),
         Fault::Truncated,
+        Fault::Flapping,
     ] {
         env.dashboard.with(&env.ns, &new, |s| s.fault = Some(fault));
         // A step already decided on good answers may still land: hold from the next one.

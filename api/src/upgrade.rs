@@ -21,6 +21,10 @@ use crate::{
     upgrade_control::{self, DEFAULT_DRAIN_SECONDS},
 };
 
+/// Serve reads in a row that must find a cluster's capacity RUNNING before traffic moves onto it: an app
+/// flapping between RUNNING and UNHEALTHY is not verified capacity.
+pub const CAPACITY_VERIFIED_READS: u32 = 2;
+
 /// Which of the two clusters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {

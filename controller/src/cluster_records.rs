@@ -1,5 +1,6 @@
 //! What the controller remembers about each RayCluster between passes: the Serve config it last pushed there
-//! (push only on change) and its head's failed Serve proxy checks in a row.
+//! (push only on change), its head's failed Serve proxy checks in a row, and its Serve reads in a row that
+//! verified its capacity (a flapping app is not capacity).
 //!
 //! Records are grouped by the owning RayService's uid, never by name prefix: `llm` and `llm-v2` have
 //! clusters `llm-xxxxx` and `llm-v2-xxxxx`, and forgetting one RayService must not touch the other's.
@@ -10,6 +11,8 @@ use std::collections::HashMap;
 struct ClusterRecord {
     pushed_config: Option<String>,
     proxy_failures: u32,
+    /// The capacity the last reads verified, and how many reads in a row did.
+    verified: Option<(i32, u32)>,
 }
 
 /// Records of every cluster, by owner uid, then cluster name.
@@ -48,6 +51,18 @@ impl ClusterRecords {
         }
     }
 
+    /// Records one Serve read of a cluster at `capacity`; returns the reads in a row, this one included, that
+    /// verified that capacity (0 when this one did not).
+    pub fn capacity_read(&mut self, owner: &str, cluster: &str, capacity: i32, verified: bool) -> u32 {
+        let r = self.record(owner, cluster);
+        let before = match r.verified {
+            Some((c, reads)) if c == capacity => reads,
+            _ => 0,
+        };
+        r.verified = verified.then_some((capacity, before + 1));
+        r.verified.map_or(0, |(_, reads)| reads)
+    }
+
     /// Keeps only the records of `clusters` (the active and pending ones) of this owner.
     pub fn keep_only(&mut self, owner: &str, clusters: &[&str]) {
         if let Some(records) = self.by_owner.get_mut(owner) {
@@ -69,6 +84,23 @@ impl ClusterRecords {
 #[cfg(test)]
 mod tests {
     use super::ClusterRecords;
+
+    #[test]
+    fn verified_reads_count_in_a_row_at_one_capacity() {
+        let mut r = ClusterRecords::default();
+        assert_eq!(r.capacity_read("uid", "llm-a", 50, true), 1);
+        assert_eq!(r.capacity_read("uid", "llm-a", 50, true), 2);
+        assert_eq!(r.capacity_read("uid", "llm-a", 50, false), 0);
+        assert_eq!(r.capacity_read("uid", "llm-a", 50, true), 1);
+        assert_eq!(
+            r.capacity_read("uid", "llm-a", 75, true),
+            1,
+            "a new capacity starts again"
+        );
+        assert_eq!(r.capacity_read("uid", "llm-b", 75, true), 1, "per cluster");
+        r.forget_owner("uid");
+        assert_eq!(r.capacity_read("uid", "llm-a", 75, true), 1);
+    }
 
     #[test]
     fn forgetting_llm_keeps_llm_v2() {

@@ -19,7 +19,7 @@ use rayshift_api::{
     gateway_attachment::Attachment,
     rayservice::RayServiceStatuses,
     upgrade::{
-        self, Levels, Role, StepDecision, UpgradeOptions,
+        self, CAPACITY_VERIFIED_READS, Levels, Role, StepDecision, UpgradeOptions,
         decide::{ClusterSeen, Effect, Observation, Settings, Tally},
     },
     upgrade_control,
@@ -129,18 +129,26 @@ fn settings(p: &Pass<'_>) -> Result<Settings> {
 /// behind their serve Service: a Gateway has nowhere to send a share without an endpoint, KubeRay #5148), and
 /// (while both exist) whether the Gateway and route are ready.
 async fn observe(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatuses) -> Result<Observation> {
+    let owner = p.rs.uid().unwrap_or_default();
     let seen = |cluster: Option<&RayCluster>, serve: Option<&ServeStatus>, serving: bool, role: Role| {
         let side = match role {
             Role::Active => status.active_service_status.as_ref(),
             Role::Pending => status.pending_service_status.as_ref(),
         };
         let capacity = Levels::from_status(side, role).capacity;
-        cluster.map(|c| ClusterSeen {
-            name: c.name_any(),
-            spec_digest: c.annotations().get(SPEC_HASH_ANNOTATION).cloned(),
-            reachable: serve.is_some(),
-            capacity_verified: serving && serve.is_some_and(|s| s.capacity_verified(capacity)),
-            serve_capacity: serve.and_then(|s| s.target_capacity).map(|c| c.round() as i32),
+        cluster.map(|c| {
+            let verified = serving && serve.is_some_and(|s| s.capacity_verified(capacity));
+            let reads = p
+                .ctx
+                .records()
+                .capacity_read(&owner, &c.name_any(), capacity, verified);
+            ClusterSeen {
+                name: c.name_any(),
+                spec_digest: c.annotations().get(SPEC_HASH_ANNOTATION).cloned(),
+                reachable: serve.is_some(),
+                capacity_verified: reads >= CAPACITY_VERIFIED_READS,
+                serve_capacity: serve.and_then(|s| s.target_capacity).map(|c| c.round() as i32),
+            }
         })
     };
     let both = p.active.is_some() && p.pending.is_some();

@@ -56,6 +56,8 @@ pub enum Fault {
     Slow(std::time::Duration),
     /// The JSON is cut off half way.
     Truncated,
+    /// Every other answer has the apps UNHEALTHY (replicas crash-looping): RUNNING never holds two reads in a row.
+    Flapping,
 }
 
 #[derive(Clone, Default)]
@@ -200,9 +202,9 @@ async fn healthz(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(Stri
 }
 
 async fn get_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(String, String)>) -> Response {
-    let (body, fault) = d.with(&ns, &cluster, |s| {
+    let (body, fault, gets) = d.with(&ns, &cluster, |s| {
         s.gets += 1;
-        ((!s.down).then(|| status_body(s)), s.fault)
+        ((!s.down).then(|| status_body(s)), s.fault, s.gets)
     });
     let Some(body) = body else {
         return (StatusCode::SERVICE_UNAVAILABLE, "dashboard down").into_response();
@@ -216,6 +218,19 @@ async fn get_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(Str
             tokio::time::sleep(delay).await;
             axum::Json(body).into_response()
         }
+        Some(Fault::Flapping) if gets % 2 == 0 => {
+            let mut body = body;
+            for app in body["applications"]
+                .as_object_mut()
+                .into_iter()
+                .flat_map(|a| a.values_mut())
+            {
+                app["status"] = json!("UNHEALTHY");
+                app["message"] = json!("a replica of the app's deployment died");
+            }
+            axum::Json(body).into_response()
+        }
+        Some(Fault::Flapping) => axum::Json(body).into_response(),
         Some(Fault::Truncated) => {
             let text = body.to_string();
             let cut = text[..text.len() / 2].to_string();

@@ -43,7 +43,8 @@ pub struct ClusterSeen {
     /// Its head is ready and Serve answered: its capacity can be changed.
     pub reachable: bool,
     /// Serve runs the replicas that the cluster's target capacity in the status implies, all RUNNING, and
-    /// the cluster's serve Service has a ready endpoint (a Gateway could not send it a share otherwise).
+    /// the cluster's serve Service has a ready endpoint (a Gateway could not send it a share otherwise), in
+    /// [`super::CAPACITY_VERIFIED_READS`] reads in a row.
     pub capacity_verified: bool,
     /// The `target_capacity` Serve reported, when its dashboard answered and one was set.
     pub serve_capacity: Option<i32>,
