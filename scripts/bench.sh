@@ -8,6 +8,10 @@
 #   scripts/bench.sh chaos            kill -9 at random instants of 50 upgrades (RAYSHIFT_CHAOS_RUNS, half of
 #                                     them with two leader-elected replicas) and kube-apiserver restarts
 #   scripts/bench.sh zero-downtime    12 upgrades of real Ray Serve heads through Traefik under load
+#   scripts/bench.sh scale            10, 100 and 1,000 RayServices (1,000 also over 20 namespaces) on the real
+#                                     apiserver, release build: time to Ready, RSS, settled writes, CPU, Serve reads
+#   scripts/bench.sh fuzz             libFuzzer on the AdmissionReview handlers for RAYSHIFT_FUZZ_SECONDS (600),
+#                                     growing fuzz/corpus/ (then minimised); a crash fails the run
 #
 # RAYSHIFT_CHAOS_SEED replays the random choices of a chaos run (each run prints its seed).
 set -euo pipefail
@@ -20,11 +24,11 @@ step() { echo; echo "== $*"; }
 
 what=${1:-all}
 case "$what" in
-  all | admission | chaos | zero-downtime) ;;
-  *) echo "usage: $0 [all | admission | chaos | zero-downtime]" >&2; exit 2 ;;
+  all | admission | chaos | zero-downtime | scale | fuzz) ;;
+  *) echo "usage: $0 [all | admission | chaos | zero-downtime | scale | fuzz]" >&2; exit 2 ;;
 esac
 
-. scripts/prepare.sh
+case "$what" in all | chaos | zero-downtime | scale) . scripts/prepare.sh ;; esac
 
 if [ "$what" = all ] || [ "$what" = admission ]; then
   step "admission webhook under load (cargo bench --bench admission)"
@@ -37,4 +41,31 @@ fi
 if [ "$what" = all ] || [ "$what" = zero-downtime ]; then
   step "zero downtime through Traefik, real Ray Serve (tests/ray_serve_e2e.rs)"
   cargo test --locked --test ray_serve_e2e zero_downtime -- --nocapture
+fi
+if [ "$what" = all ] || [ "$what" = scale ]; then
+  step "scale: 10, 100, 1,000 RayServices (tests/scale_e2e.rs, release build)"
+  report=$(mktemp)
+  for run in 10:1 100:1 1000:1 1000:20; do
+    RAYSHIFT_SCALE_SERVICES=${run%:*} RAYSHIFT_SCALE_NAMESPACES=${run#*:} RAYSHIFT_SCALE_SETTLE_SECONDS=${RAYSHIFT_SCALE_SETTLE_SECONDS:-60} \
+      RAYSHIFT_SCALE_REPORT=$report cargo test --release --locked --test scale_e2e -- --nocapture || true
+  done
+  echo
+  echo "| RayServices | namespaces | s to all Ready | RSS MiB at Ready | RSS MiB settled (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per 10 s |"
+  echo "|---|---|---|---|---|---|---|---|"
+  cat "$report"
+  rm -f "$report"
+fi
+if [ "$what" = all ] || [ "$what" = fuzz ]; then
+  fuzz_version=0.13.2
+  fuzz_root="${XDG_CACHE_HOME:-$HOME/.cache}/rayshift/cargo-fuzz-$fuzz_version"
+  step "cargo-fuzz $fuzz_version (crates.io, installed once, cached)"
+  [ -x "$fuzz_root/bin/cargo-fuzz" ] || cargo install --locked cargo-fuzz --version "$fuzz_version" --root "$fuzz_root"
+  step "fuzz the AdmissionReview handlers for ${RAYSHIFT_FUZZ_SECONDS:=600} s (fuzz/fuzz_targets/admission_review.rs)"
+  # Without a sanitizer: rayshift forbids unsafe code, so libFuzzer looks for panics, hangs and memory blow-ups.
+  fuzz=(env PATH="$fuzz_root/bin:$PATH" cargo fuzz)
+  opts=(-s none --target-dir "$CARGO_TARGET_DIR/fuzz")
+  (cd fuzz && "${fuzz[@]}" run "${opts[@]}" admission_review corpus/admission_review seeds -- \
+    -dict=admission_review.dict -max_len=65536 -timeout=10 -max_total_time="$RAYSHIFT_FUZZ_SECONDS" -print_final_stats=1)
+  (cd fuzz && "${fuzz[@]}" cmin "${opts[@]}" admission_review corpus/admission_review -- -max_len=65536)
+  echo "corpus: $(ls fuzz/corpus/admission_review | wc -l) inputs after minimising"
 fi

@@ -37,23 +37,30 @@ impl ControllerProcess {
         } else {
             &["--serve-health-url-template", &health]
         };
+        // Debug for rayshift itself: a failed wait shows which passes ran (RAYSHIFT_TEST_CONTROLLER_LOG
+        // replaces the filter, e.g. with kube_runtime=debug).
+        let log_level = std::env::var("RAYSHIFT_TEST_CONTROLLER_LOG")
+            .unwrap_or_else(|_| "info,rayshift_controller=debug,kube=warn,kube_client=error".into());
+        let unless_given = |flag: &str, value: &str| {
+            let given = extra.iter().any(|a| a.starts_with(flag));
+            if given {
+                vec![]
+            } else {
+                vec![flag.to_string(), value.to_string()]
+            }
+        };
+        // An empty namespace: every namespace.
+        let namespace: &[&str] = if ns.is_empty() { &[] } else { &["--namespace", ns] };
         let mut child = Command::new(env!("CARGO_BIN_EXE_rayshift"))
             .arg("controller")
             .arg("--kubeconfig")
             .arg(kubeconfig)
-            .args(["--namespace", ns, "--dashboard-url-template", dashboard_template])
+            .args(namespace)
+            .args(["--dashboard-url-template", dashboard_template])
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
-            .args([
-                "--serve-poll-interval-seconds",
-                "0.3",
-                "--log-format",
-                "plain",
-                "--log-level",
-                // Debug for rayshift itself: a failed wait shows which passes ran (RAYSHIFT_TEST_CONTROLLER_LOG
-                // replaces the filter, e.g. with kube_runtime=debug).
-                &std::env::var("RAYSHIFT_TEST_CONTROLLER_LOG")
-                    .unwrap_or_else(|_| "info,rayshift_controller=debug,kube=warn,kube_client=error".into()),
-            ])
+            .args(["--log-format", "plain"])
+            .args(unless_given("--serve-poll-interval-seconds", "0.3"))
+            .args(unless_given("--log-level", &log_level))
             .args(health_args)
             .args(if extra.iter().any(|a| a.starts_with("--mode")) {
                 &[][..]

@@ -84,6 +84,11 @@ impl FakeDashboard {
         dash
     }
 
+    /// Serve status GETs answered so far, every cluster together.
+    pub fn total_gets(&self) -> u64 {
+        self.state.lock().unwrap().values().map(|s| s.gets as u64).sum()
+    }
+
     /// The `--dashboard-url-template` that points the controller here.
     pub fn url_template(&self) -> String {
         format!("http://{}/{{namespace}}/{{cluster}}", self.addr.unwrap())

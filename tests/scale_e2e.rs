@@ -1,0 +1,278 @@
+//! Scale (issue 16, P4): many RayServices on the real kube-apiserver, one controller for every namespace.
+//!
+//! RAYSHIFT_SCALE_SERVICES RayServices (default 40; 7 in 10 `NewCluster`, 3 in 10 incremental) spread over
+//! RAYSHIFT_SCALE_NAMESPACES namespaces (default 2) are created first, then the controller starts. Measured: the
+//! time until every one is Ready, the controller's RSS, and then, over RAYSHIFT_SCALE_SETTLE_SECONDS (default
+//! 20) after they settled, its API writes, its CPU and its Serve status reads per RayService per health period.
+//! `scripts/bench.sh scale` runs 10, 100 and 1,000.
+//!
+//! Test stand-in: RayCluster status and head Pods come from `stand_in` below, not from the KubeRay operator, and
+//! every dashboard from one fake dashboard. The real operator with kwok would need a fake node per 110 Pods and a
+//! Pod range per node; at 1,000 clusters its own reconciles would also be what is measured.
+
+mod support;
+
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use rayshift_api::{RayCluster, RayService};
+use serde_json::json;
+use support::{
+    cluster::control_plane,
+    controller::ControllerProcess,
+    dashboard::FakeDashboard,
+    incremental::GATE,
+    kuberay::{MADE_UP_POD_IP, MADE_UP_SERVICE_IP},
+};
+
+/// The controller's default serve poll (while apps start) and health period (a settled RayService's Serve
+/// proxy check, which also reads its Serve status).
+const SERVE_POLL_SECONDS: f64 = 2.0;
+const HEALTH_SECONDS: f64 = 10.0;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn rayservice(name: &str, incremental: bool) -> RayService {
+    let strategy = if incremental {
+        json!({"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
+            "gatewayClassName": "scale", "maxSurgePercent": 50, "stepSizePercent": 50, "intervalSeconds": 30}})
+    } else {
+        json!({"type": "NewCluster"})
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": name},
+        "spec": {
+            "managedBy": "rayshift.io/controller",
+            "upgradeStrategy": strategy,
+            "serveConfigV2": "applications:\n  - name: app\n    import_path: app:app\n    route_prefix: /\n",
+            "rayClusterConfig": {
+                "enableInTreeAutoscaling": incremental,
+                "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
+                    {"name": "ray-head", "image": "rayproject/ray:2.46.0",
+                     "ports": [{"name": "dashboard", "containerPort": 8265}, {"name": "serve", "containerPort": 8000}]}]}}}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+/// Plays KubeRay for every RayCluster in the cluster: a ready status and a Running head Pod, each written once,
+/// from a watch (an idle stand-in sends nothing, so what the apiserver sees after settling is the controller).
+async fn stand_in(client: Client) {
+    let clusters: Api<RayCluster> = Api::all(client.clone());
+    let done = std::sync::Arc::new(std::sync::Mutex::new(HashSet::new()));
+    watcher(clusters, watcher::Config::default())
+        .applied_objects()
+        .for_each_concurrent(16, |c| {
+            let (client, done) = (client.clone(), done.clone());
+            async move {
+                let Ok(c) = c else { return };
+                let key = (c.namespace().unwrap_or_default(), c.name_any());
+                if c.metadata.deletion_timestamp.is_some() || !done.lock().unwrap().insert(key.clone()) {
+                    return;
+                }
+                if let Err(e) = run_cluster(&client, &c).await {
+                    eprintln!("stand-in {key:?}: {e}");
+                    done.lock().unwrap().remove(&key);
+                }
+            }
+        })
+        .await;
+}
+
+async fn run_cluster(client: &Client, c: &RayCluster) -> Result<(), kube::Error> {
+    let (ns, name) = (c.namespace().unwrap_or_default(), c.name_any());
+    let head = format!("{name}-head");
+    let owner = json!([{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name, "uid": c.metadata.uid, "controller": true}]);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": head, "ownerReferences": owner,
+                     "labels": {"ray.io/cluster": name, "ray.io/node-type": "head", "ray.io/serve": "false"}},
+        "spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray"}]}
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    match pods.create(&PostParams::default(), &pod).await {
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        other => drop(other?),
+    }
+    let running = json!({"status": {
+        "phase": "Running", "podIP": MADE_UP_POD_IP, "podIPs": [{"ip": MADE_UP_POD_IP}],
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "ray-head", "ready": true, "restartCount": 0, "image": "rayproject/ray",
+            "imageID": "", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]
+    }});
+    pods.patch_status(&head, &PatchParams::default(), &Patch::Merge(&running))
+        .await?;
+    let ready = json!({"status": {
+        "state": "ready", "readyWorkerReplicas": 0, "availableWorkerReplicas": 0, "desiredWorkerReplicas": 0,
+        "observedGeneration": c.metadata.generation,
+        "head": {"podIP": MADE_UP_POD_IP, "serviceIP": MADE_UP_SERVICE_IP, "podName": head, "serviceName": format!("{name}-head-svc")},
+        "conditions": [{"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady", "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    }});
+    Api::<RayCluster>::namespaced(client.clone(), &ns)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&ready))
+        .await?;
+    Ok(())
+}
+
+fn ready(rs: &RayService) -> bool {
+    let conditions = rs.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// (RSS, peak RSS) in MiB and the CPU time of every thread of `pid`.
+fn process(pid: u32) -> (f64, f64, Duration) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|r| r.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    (
+        kib("VmRSS:") / 1024.0,
+        kib("VmHWM:") / 1024.0,
+        Duration::from_nanos(ns),
+    )
+}
+
+fn metric_sum(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rayservices_at_scale_become_ready_and_settle() {
+    let (n, spaces, settle) = (
+        env("RAYSHIFT_SCALE_SERVICES", 40) as usize,
+        env("RAYSHIFT_SCALE_NAMESPACES", 2) as usize,
+        env("RAYSHIFT_SCALE_SETTLE_SECONDS", 20),
+    );
+    let cp = control_plane();
+    let client = cp.client().await;
+    let mut namespaces = Vec::new();
+    for _ in 0..spaces {
+        namespaces.push(cp.namespace(&client, "scale").await);
+    }
+    let dashboard = FakeDashboard::start().await;
+    let stand_in = tokio::spawn(stand_in(client.clone()));
+    let created = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api: Api<RayService> = Api::namespaced(client.clone(), &namespaces[i % spaces]);
+            async move {
+                let rs = rayservice(&format!("svc-{i}"), i % 10 >= 7);
+                api.create(&PostParams::default(), &rs).await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap();
+    eprintln!(
+        "created {n} RayServices in {spaces} namespaces in {:.1?}",
+        created.elapsed()
+    );
+
+    let poll = SERVE_POLL_SECONDS.to_string();
+    let args = [
+        GATE,
+        "--skip-gateway-status-check",
+        "--serve-poll-interval-seconds",
+        &poll,
+        "--log-level",
+        "warn",
+    ];
+    let mut controller = ControllerProcess::start(cp, "", &dashboard.url_template(), &args);
+    let pid = controller.child.id();
+    let started = Instant::now();
+    let all: Api<RayService> = Api::all(client.clone());
+    let ready_after = loop {
+        let listed = all.list(&Default::default()).await.unwrap().items;
+        let ours = listed
+            .iter()
+            .filter(|r| namespaces.contains(&r.namespace().unwrap_or_default()));
+        let count = ours.filter(|r| ready(r)).count();
+        if count == n {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600) && controller.alive(),
+            "{count} of {n} Ready after {:.0?}\n{}",
+            started.elapsed(),
+            support::wait::tail(&controller.logs(), 60)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let (rss_ready, _, _) = process(pid);
+
+    // Settled: whatever the controller does from here on is the steady state.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (scrape, gets, (_, _, cpu)) = (controller.metrics(), dashboard.total_gets(), process(pid));
+    let window = Instant::now();
+    tokio::time::sleep(Duration::from_secs(settle)).await;
+    let (scrape_after, gets_after, (rss, peak, cpu_after)) =
+        (controller.metrics(), dashboard.total_gets(), process(pid));
+    let elapsed = window.elapsed().as_secs_f64();
+    let writes = metric_sum(&scrape_after, "rayshift_kubernetes_writes_total")
+        - metric_sum(&scrape, "rayshift_kubernetes_writes_total");
+    let cpu_share = (cpu_after - cpu).as_secs_f64() / elapsed;
+    let polls_per_period = (gets_after - gets) as f64 / n as f64 / (elapsed / HEALTH_SECONDS);
+    let report = format!(
+        "| {n} | {spaces} | {:.1} | {rss_ready:.1} | {rss:.1} ({peak:.1}) | {:.1} | {:.2} | {polls_per_period:.2} |",
+        ready_after.as_secs_f64(),
+        writes * 60.0 / elapsed,
+        cpu_share * 100.0,
+    );
+    eprintln!(
+        "| RayServices | namespaces | s to all Ready | RSS MiB at Ready | RSS MiB after {settle} s (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per {HEALTH_SECONDS} s |\n|---|---|---|---|---|---|---|---|\n{report}"
+    );
+    if let Ok(path) = std::env::var("RAYSHIFT_SCALE_REPORT") {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(f, "{report}").unwrap();
+    }
+    stand_in.abort();
+    drop(controller);
+    assert_eq!(writes, 0.0, "settled RayServices still written");
+    assert!(
+        polls_per_period <= 1.05,
+        "{polls_per_period:.2} Serve reads per RayService per poll period"
+    );
+    assert!(
+        ready_after < Duration::from_secs(60),
+        "Ready after {ready_after:?}"
+    );
+}
