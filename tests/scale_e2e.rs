@@ -1,9 +1,9 @@
 //! Scale (issue 16, P4): many RayServices on the real kube-apiserver, one controller for every namespace.
 //!
-//! RAYSHIFT_SCALE_SERVICES RayServices (default 40; 7 in 10 `NewCluster`, 3 in 10 incremental) spread over
+//! RAYSHIFT_SCALE_SERVICES RayServices (default 30; 7 in 10 `NewCluster`, 3 in 10 incremental) spread over
 //! RAYSHIFT_SCALE_NAMESPACES namespaces (default 2) are created first, then the controller starts. Measured: the
 //! time until every one is Ready, the controller's RSS, and then, over RAYSHIFT_SCALE_SETTLE_SECONDS (default
-//! 20) after they settled, its API writes, its CPU and its Serve status reads per RayService per health period.
+//! 15) after they settled, its API writes, its CPU and its Serve status reads per RayService per health period.
 //! `scripts/bench.sh scale` runs 10, 100 and 1,000.
 //!
 //! Test stand-in: RayCluster status and head Pods come from `stand_in` below, not from the KubeRay operator, and
@@ -172,9 +172,9 @@ fn metric_sum(scrape: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rayservices_at_scale_become_ready_and_settle() {
     let (n, spaces, settle) = (
-        env("RAYSHIFT_SCALE_SERVICES", 40) as usize,
+        env("RAYSHIFT_SCALE_SERVICES", 30) as usize,
         env("RAYSHIFT_SCALE_NAMESPACES", 2) as usize,
-        env("RAYSHIFT_SCALE_SETTLE_SECONDS", 20),
+        env("RAYSHIFT_SCALE_SETTLE_SECONDS", 15),
     );
     let cp = control_plane();
     let client = cp.client().await;
