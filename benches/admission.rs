@@ -107,7 +107,7 @@ fn main() {
 }
 
 fn review_loop(body: &[u8], n: usize) {
-    let config = admission_config();
+    let config = AdmissionConfig::incremental();
     for _ in 0..n {
         std::hint::black_box(admission::review(Hook::Validate, body, &config).unwrap());
     }
@@ -115,23 +115,13 @@ fn review_loop(body: &[u8], n: usize) {
 
 /// Mean wall time of one in-process review over 2 s (the thread does nothing else).
 fn cpu_per_review(body: &[u8], hook: Hook) -> f64 {
-    let config = admission_config();
+    let config = AdmissionConfig::incremental();
     let (started, mut n) = (Instant::now(), 0u32);
     while started.elapsed() < Duration::from_secs(2) {
         std::hint::black_box(admission::review(hook, body, &config).unwrap());
         n += 1;
     }
     started.elapsed().as_secs_f64() * 1e6 / f64::from(n)
-}
-
-fn admission_config() -> AdmissionConfig {
-    let mut config = AdmissionConfig::default();
-    config
-        .validation
-        .feature_gates
-        .set("RayServiceIncrementalUpgrade", true)
-        .unwrap();
-    config
 }
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {

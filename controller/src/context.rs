@@ -67,7 +67,13 @@ pub struct ControllerOptions {
     /// Where a head Pod's Serve proxy health check is (template route): `{podIP}`, `{port}`, `{pod}`,
     /// `{cluster}` and `{namespace}` are filled in.
     pub serve_health_url_template: String,
+    /// RayServices reconciled at once (0: no bound).
+    pub concurrency: u16,
 }
+
+/// A pass mostly waits on the apiserver and dashboards, so a few per core keep two cores busy; unbounded,
+/// a controller starting beside 1,000 RayServices opens a connection per pass at once.
+pub const DEFAULT_CONCURRENCY: u16 = 8;
 
 impl Default for ControllerOptions {
     fn default() -> Self {
@@ -84,6 +90,7 @@ impl Default for ControllerOptions {
             drain_seconds: rayshift_api::upgrade_control::DEFAULT_DRAIN_SECONDS,
             serve_health_interval: Duration::from_secs(10),
             serve_health_url_template: dashboard::DEFAULT_HEALTH_URL_TEMPLATE.to_string(),
+            concurrency: DEFAULT_CONCURRENCY,
         }
     }
 }

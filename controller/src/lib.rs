@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
     Api, Client, Resource, ResourceExt,
     runtime::{
-        Controller, WatchStreamExt,
+        Controller, WatchStreamExt, controller,
         reflector::{self, ObjectRef},
         watcher,
     },
@@ -28,7 +28,7 @@ use kube::{
 use rayshift_api::{RayCluster, RayService, gateway_attachment::Attachment};
 use tokio::sync::watch as signal;
 
-pub use crate::context::{Context, ControllerOptions, Mode};
+pub use crate::context::{Context, ControllerOptions, DEFAULT_CONCURRENCY, Mode};
 
 /// `/readyz` of the controller: ready once it knows whether it leads and, while it leads (or without leader
 /// election), once its RayService cache has synced.
@@ -263,6 +263,7 @@ async fn run_controller(
     let rayservice_stream =
         reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
     let mut controller = Controller::for_stream(rayservice_stream, rayservices)
+        .with_config(controller::Config::default().concurrency(config.options.concurrency))
         .trigger_backoff(NoPause)
         .owns_stream(cluster_stream)
         .owns_stream(cached(&client, ns, owned(), service_writer));

@@ -6,9 +6,7 @@ use libfuzzer_sys::fuzz_target;
 use rayshift_webhook::admission::{self, AdmissionConfig, Hook};
 
 fuzz_target!(|body: &[u8]| {
-    let mut config = AdmissionConfig::default();
-    let gate = config.validation.feature_gates.set("RayServiceIncrementalUpgrade", true);
-    assert!(gate.is_ok());
+    let config = AdmissionConfig::incremental();
     for hook in [Hook::Validate, Hook::Mutate] {
         if let Ok((review, record)) = admission::review(hook, body, &config) {
             assert_eq!(review["response"]["allowed"].as_bool(), Some(record.allowed));

@@ -64,6 +64,9 @@ pub struct ControllerArgs {
     /// Re-read Serve status this often when settled (writes only on change).
     #[arg(long, default_value = "60", value_parser = duration_at_least(1.0))]
     resync_interval_seconds: Duration,
+    /// RayServices reconciled at once (0: no bound).
+    #[arg(long, default_value_t = rayshift_controller::DEFAULT_CONCURRENCY)]
+    concurrency: u16,
     /// Move traffic without waiting for Gateway/HTTPRoute status (Gateway controllers that publish none).
     #[arg(long)]
     skip_gateway_status_check: bool,
@@ -104,6 +107,7 @@ impl ControllerArgs {
             drain_seconds: self.drain_seconds,
             serve_health_url_template: self.serve_health_url_template.clone(),
             serve_health_interval: self.serve_health_interval_seconds,
+            concurrency: self.concurrency,
             ..ControllerOptions::default()
         }
     }

@@ -44,6 +44,17 @@ pub struct AdmissionConfig {
     pub defaults: UpgradeDefaults,
 }
 
+impl AdmissionConfig {
+    /// The defaults with the incremental upgrade's feature gate on.
+    pub fn incremental() -> Self {
+        let mut config = Self::default();
+        let gates = &mut config.validation.feature_gates;
+        // A gate this crate names itself is always known.
+        let _ = gates.set(rayshift_api::feature_gates::RAY_SERVICE_INCREMENTAL_UPGRADE, true);
+        config
+    }
+}
+
 /// What happened, for metrics and logs.
 #[derive(Clone, Debug, Default)]
 pub struct Record {
@@ -391,12 +402,8 @@ mod tests {
     }
 
     fn config() -> AdmissionConfig {
-        let mut config = AdmissionConfig::default();
-        config
-            .validation
-            .feature_gates
-            .set("RayServiceIncrementalUpgrade", true)
-            .unwrap();
+        let config = AdmissionConfig::incremental();
+        assert!(config.validation.feature_gates.incremental_upgrade());
         config
     }
 

@@ -25,12 +25,7 @@ fn every_corpus_input_gets_an_answer_or_a_client_error() {
     let seeds = inputs(&fuzz.join("seeds"));
     let corpus = inputs(&fuzz.join("corpus/admission_review"));
     assert!(seeds.len() >= 100, "{} seeds", seeds.len());
-    let mut config = AdmissionConfig::default();
-    config
-        .validation
-        .feature_gates
-        .set("RayServiceIncrementalUpgrade", true)
-        .unwrap();
+    let config = AdmissionConfig::incremental();
     let (mut answered, mut refused) = (0, 0);
     for (name, body) in seeds.iter().chain(&corpus) {
         for hook in [Hook::Validate, Hook::Mutate] {
