@@ -43,8 +43,10 @@ if [ "$what" = all ] || [ "$what" = zero-downtime ]; then
   cargo test --locked --test ray_serve_e2e zero_downtime -- --nocapture
 fi
 if [ "$what" = all ] || [ "$what" = scale ]; then
+  matplotlib_version=3.10.7
   step "scale: 10, 100, 1,000 RayServices (tests/scale_e2e.rs, release build)"
-  report=$(mktemp)
+  report="$CARGO_TARGET_DIR/scale-report.md"
+  rm -f "$report"
   for run in 10:1 100:1 1000:1 1000:20; do
     RAYSHIFT_SCALE_SERVICES=${run%:*} RAYSHIFT_SCALE_NAMESPACES=${run#*:} RAYSHIFT_SCALE_SETTLE_SECONDS=${RAYSHIFT_SCALE_SETTLE_SECONDS:-60} \
       RAYSHIFT_SCALE_REPORT=$report cargo test --release --locked --test scale_e2e -- --nocapture || true
@@ -53,7 +55,10 @@ if [ "$what" = all ] || [ "$what" = scale ]; then
   echo "| RayServices | namespaces | s to all Ready | RSS MiB at Ready | RSS MiB settled (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per 10 s |"
   echo "|---|---|---|---|---|---|---|---|"
   cat "$report"
-  rm -f "$report"
+  step "plot: benchmarks/scale.png (matplotlib $matplotlib_version, in a venv of its own, installed once, cached)"
+  plot_venv="${XDG_CACHE_HOME:-$HOME/.cache}/rayshift/plot-matplotlib-$matplotlib_version"
+  [ -x "$plot_venv/bin/python" ] || { python3 -m venv "$plot_venv" && "$plot_venv/bin/pip" install -q "matplotlib==$matplotlib_version"; }
+  "$plot_venv/bin/python" scripts/plot_scale.py "$report" benchmarks/scale.png
 fi
 if [ "$what" = all ] || [ "$what" = fuzz ]; then
   fuzz_version=0.13.2

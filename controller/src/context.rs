@@ -106,6 +106,9 @@ pub struct Context {
     records: Mutex<ClusterRecords>,
     /// Whether the Gateway API (HTTPRoute) is served by this cluster.
     pub gateway_api: std::sync::atomic::AtomicBool,
+    /// The resourceVersion of each RayService (by uid) as this controller last read or wrote it: a cached
+    /// copy at that version is as fresh as a read (see `reconcile::current`).
+    versions: Mutex<HashMap<String, String>>,
     /// Last levels seen of each RayService someone else runs (by uid), to tell what changed.
     observed: Mutex<HashMap<String, Levels>>,
     /// RayServices deleted lately (uid → when): a pass that began before the delete must not publish
@@ -206,6 +209,7 @@ impl Context {
             metrics,
             records: Mutex::new(ClusterRecords::default()),
             gateway_api: std::sync::atomic::AtomicBool::new(false),
+            versions: Mutex::new(HashMap::new()),
             observed: Mutex::new(HashMap::new()),
             deleted: Mutex::new(HashMap::new()),
             started: Timestamp::now(),
@@ -283,6 +287,28 @@ impl Context {
             .contains_key(&uid)
     }
 
+    /// Whether `rs` is at the version this controller last read or wrote.
+    pub(crate) fn is_known_version(&self, rs: &RayService) -> bool {
+        let (uid, version) = (rs.uid().unwrap_or_default(), rs.resource_version());
+        version.is_some() && self.known_versions().get(&uid) == version.as_ref()
+    }
+
+    /// Remembers the version of a RayService this controller just read or wrote.
+    pub(crate) fn saw_version(&self, rs: &RayService) {
+        if let (Some(uid), Some(version)) = (rs.uid(), rs.resource_version()) {
+            self.known_versions().insert(uid, version);
+        }
+    }
+
+    /// The next pass reads the RayService from the apiserver.
+    pub(crate) fn forget_version(&self, rs: &RayService) {
+        self.known_versions().remove(&rs.uid().unwrap_or_default());
+    }
+
+    fn known_versions(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.versions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn observed_levels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Levels>> {
         self.observed.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -302,6 +328,7 @@ impl Context {
         }
         self.metrics.forget_service(ns, name);
         self.observed_levels().remove(uid);
+        self.known_versions().remove(uid);
         self.records().forget_owner(uid);
         self.events.forget(uid);
     }
@@ -315,6 +342,7 @@ impl Context {
         self.metrics.forget_services_except(&names);
         self.observed_levels()
             .retain(|uid, _| uids.contains(uid.as_str()));
+        self.known_versions().retain(|uid, _| uids.contains(uid.as_str()));
         self.records().retain_owners(|owner| uids.contains(owner));
     }
 

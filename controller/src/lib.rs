@@ -118,7 +118,7 @@ pub async fn run(
     Ok(())
 }
 
-fn forget_gone(ctx: &Context, listed: &reflector::Store<RayService>, event: &watcher::Event<RayService>) {
+fn forget_gone(ctx: &Context, listed: &reflector::Store<Listed>, event: &watcher::Event<Listed>) {
     match event {
         watcher::Event::Delete(rs) => {
             let ns = rs.namespace().unwrap_or_default();
@@ -255,7 +255,7 @@ async fn run_controller(
     let ctx = Context::new(client.clone(), dashboard, config.options.clone(), metrics);
     let ctx = Arc::new(ctx.with_leadership(leading).with_caches(caches));
     let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
-    let forget_task = forget_deleted(services.clone(), ctx.clone(), config.readiness.clone());
+    let forget_task = forget_deleted(api(&client, ns), ctx.clone(), config.readiness.clone());
     // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
     let cluster_stream = cached(&client, ns, owned(), cluster_writer);
     let head_stream = cached(&client, ns, head_pods(), head_writer);
@@ -373,8 +373,21 @@ fn reflected<K: Watched>(
 ) -> impl futures::Stream<Item = std::result::Result<watcher::Event<K>, watcher::Error>> + Send + 'static {
     watcher(api, config)
         .backoff(RecoveryBackoff::new())
+        .modify(trim)
         .reflect(writer)
 }
+
+/// What no pass reads is not kept: managed fields and kubectl's copy of the last applied object were most of
+/// a cached object's size (issue 16: RSS at 1,000 RayServices). Nothing cached is ever written back whole
+/// (writes are patches built from scratch), so the live objects keep both.
+fn trim<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+    if let Some(annotations) = object.meta_mut().annotations.as_mut() {
+        annotations.remove(LAST_APPLIED_ANNOTATION);
+    }
+}
+
+const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The RayServices a Gateway API object matters to: its owner, and those whose annotations name it (a
 /// shared Gateway, an adopted route), so its status wakes them as an owned object's would.
@@ -415,16 +428,19 @@ fn owner_of_pod(clusters: &reflector::Store<RayCluster>, pod: &Pod) -> Option<Ob
     Some(ObjectRef::new(&owner.name).within(&ns))
 }
 
+/// What the deletion watch keeps of a RayService: its metadata only (the controller's own cache has the rest).
+type Listed = kube::core::PartialObjectMeta<RayService>;
+
 /// A deleted RayService is never reconciled, so its metric series and records are dropped here, on its
 /// delete event (or, after a re-list, when it is no longer listed). A watch of its own: kube-runtime's
 /// controller does not share its trigger stream without an unstable feature. Its first full list also
 /// makes the controller ready.
 fn forget_deleted(
-    services: Api<RayService>,
+    services: Api<Listed>,
     ctx: Arc<Context>,
     readiness: Readiness,
 ) -> tokio::task::JoinHandle<()> {
-    let (rayservices, writer) = reflector::store::<RayService>();
+    let (rayservices, writer) = reflector::store::<Listed>();
     tokio::spawn(
         reflected(services, watcher::Config::default(), writer).for_each(move |event| {
             if let Ok(event) = event {

@@ -87,9 +87,10 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
     )))
 }
 
-/// The RayService to act on, read fresh (the watch cache can lag behind this controller's own last status
-/// write, and acting on a stale status would move route weights backwards); `None` when there is nothing
-/// to do: someone else runs it (then it is observed), it is gone, or it is being deleted.
+/// The RayService to act on, as fresh as this controller's own last write (the watch cache can lag behind it,
+/// and acting on a stale status would move route weights backwards): the cached copy when it is at the
+/// version last read or written here, else a read; `None` when there is nothing to do: someone else runs it
+/// (then it is observed), it is gone, or it is being deleted.
 async fn current(cached: &RayService, ctx: &Context) -> Result<Option<RayService>> {
     if !ctx.owns(cached) {
         ctx.observe(cached).await;
@@ -98,12 +99,18 @@ async fn current(cached: &RayService, ctx: &Context) -> Result<Option<RayService
     // Handed over from KubeRay: observing it ends.
     ctx.observed_levels().remove(&cached.uid().unwrap_or_default());
     let ns = cached.namespace().unwrap_or_default();
-    let Some(rs) = Api::<RayService>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(&cached.name_any())
-        .await?
-    else {
-        ctx.metrics.forget_service(&ns, &cached.name_any());
-        return Ok(None);
+    let rs = if ctx.is_known_version(cached) {
+        cached.clone()
+    } else {
+        let read = Api::<RayService>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&cached.name_any())
+            .await?;
+        let Some(rs) = read else {
+            ctx.metrics.forget_service(&ns, &cached.name_any());
+            return Ok(None);
+        };
+        ctx.saw_version(&rs);
+        rs
     };
     if !ctx.owns(&rs) {
         return Ok(None);
@@ -811,6 +818,7 @@ async fn release_kuberay_finalizer(rs: RayService, ctx: &Context) -> Result<RayS
     let released = api
         .patch(&rs.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
         .await?;
+    ctx.saw_version(&released);
     let note = format!("Removed KubeRay's finalizer {KUBERAY_FINALIZER}: rayshift runs this RayService now");
     ctx.event(
         &released,
@@ -1152,8 +1160,10 @@ async fn write_status(rs: &RayService, ctx: &Context, status: &RayServiceStatuse
         "status": merge_patch(&old, &new),
     });
     ctx.before_write("RayService", "status")?;
-    api.patch_status(&rs.name_any(), &PatchParams::default(), &Patch::Merge(&body))
+    let written = api
+        .patch_status(&rs.name_any(), &PatchParams::default(), &Patch::Merge(&body))
         .await?;
+    ctx.saw_version(&written);
     Ok(())
 }
 
@@ -1185,6 +1195,8 @@ pub(crate) fn merge_patch(old: &Value, new: &Value) -> Value {
 /// Requeue with backoff after an error; the error is logged and counted, never fatal.
 pub fn error_policy(rs: Arc<RayService>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_error(error.category());
+    // A conflict means the cache may be behind a write it has not seen: the next pass reads.
+    ctx.forget_version(&rs);
     if error.is_conflict() || matches!(error, Error::CacheBehind) {
         // Someone wrote in between, or the cache has not seen it yet: read again soon rather than back off.
         tracing::info!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, "write conflict: re-reading");
