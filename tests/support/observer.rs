@@ -136,6 +136,24 @@ impl Observer {
         Self::start_on(client, ns, rs, &format!("{rs}-httproute"), max_surge, serving)
     }
 
+    /// Watches only the RayService's own clusters (KubeRay's association labels), not every cluster of the
+    /// namespace: for many observers in a namespace of many RayServices (the scale test).
+    #[allow(dead_code)]
+    pub fn start_scoped(client: Client, ns: &str, rs: &str, max_surge: i64, serving: Serving) -> Self {
+        let clusters = watcher::Config::default().labels(&format!(
+            "ray.io/originated-from-cr-name={rs},ray.io/originated-from-crd=RayService"
+        ));
+        Self::start_with(
+            client,
+            ns,
+            rs,
+            &format!("{rs}-httproute"),
+            max_surge,
+            serving,
+            clusters,
+        )
+    }
+
     /// Watches `route` for the weights (an adopted route has a name of its own).
     pub fn start_on(
         client: Client,
@@ -144,6 +162,26 @@ impl Observer {
         route: &str,
         max_surge: i64,
         serving: Serving,
+    ) -> Self {
+        Self::start_with(
+            client,
+            ns,
+            rs,
+            route,
+            max_surge,
+            serving,
+            watcher::Config::default(),
+        )
+    }
+
+    fn start_with(
+        client: Client,
+        ns: &str,
+        rs: &str,
+        route: &str,
+        max_surge: i64,
+        serving: Serving,
+        clusters_watched: watcher::Config,
     ) -> Self {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let by_name = |n: &str| watcher::Config::default().fields(&format!("metadata.name={n}"));
@@ -241,9 +279,7 @@ impl Observer {
         let s = seen.clone();
         let clusters: Api<RayCluster> = Api::namespaced(client, ns);
         tasks.push(tokio::spawn(async move {
-            let mut stream = watcher(clusters, watcher::Config::default())
-                .default_backoff()
-                .boxed();
+            let mut stream = watcher(clusters, clusters_watched).default_backoff().boxed();
             while let Some(event) = stream.next().await {
                 let c = match event {
                     Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c))
