@@ -46,15 +46,23 @@ if [ "$what" = all ] || [ "$what" = scale ]; then
   matplotlib_version=3.10.7
   step "scale: 10, 100, 1,000 RayServices (tests/scale_e2e.rs, release build)"
   report="$CARGO_TARGET_DIR/scale-report.md"
-  rm -f "$report"
-  for run in 10:1 100:1 1000:1 1000:20; do
-    RAYSHIFT_SCALE_SERVICES=${run%:*} RAYSHIFT_SCALE_NAMESPACES=${run#*:} RAYSHIFT_SCALE_SETTLE_SECONDS=${RAYSHIFT_SCALE_SETTLE_SECONDS:-60} \
-      RAYSHIFT_SCALE_REPORT=$report cargo test --release --locked --test scale_e2e -- --nocapture || true
+  upgrades="$CARGO_TARGET_DIR/scale-upgrades.md"
+  rm -f "$report" "$upgrades"
+  # RayServices:namespaces:upgrades started at once
+  for run in ${RAYSHIFT_SCALE_RUNS:-10:1:3 100:1:30 1000:1:50 1000:20:50}; do
+    IFS=: read -r services spaces started <<<"$run"
+    RAYSHIFT_SCALE_SERVICES=$services RAYSHIFT_SCALE_NAMESPACES=$spaces RAYSHIFT_SCALE_UPGRADES=$started \
+      RAYSHIFT_SCALE_SETTLE_SECONDS=${RAYSHIFT_SCALE_SETTLE_SECONDS:-60} RAYSHIFT_SCALE_REPORT=$report \
+      RAYSHIFT_SCALE_UPGRADE_REPORT=$upgrades cargo test --release --locked --test scale_e2e -- --nocapture || true
   done
   echo
-  echo "| RayServices | namespaces | s to all Ready | RSS MiB at Ready | RSS MiB settled (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per 10 s |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| RayServices | namespaces | s to all Ready | API writes per RayService to Ready | RSS MiB at Ready | RSS MiB settled (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per 10 s |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   cat "$report"
+  echo
+  echo "| RayServices | namespaces | upgrades at once | traffic steps | lateness p50 / p99 / max ms | steps ≤ 100 ms late |"
+  echo "|---|---|---|---|---|---|"
+  cat "$upgrades"
   step "plot: benchmarks/scale.png (matplotlib $matplotlib_version, in a venv of its own, installed once, cached)"
   plot_venv="${XDG_CACHE_HOME:-$HOME/.cache}/rayshift/plot-matplotlib-$matplotlib_version"
   [ -x "$plot_venv/bin/python" ] || { python3 -m venv "$plot_venv" && "$plot_venv/bin/pip" install -q "matplotlib==$matplotlib_version"; }

@@ -16,10 +16,10 @@ def rows(path):
     out = []
     for line in open(path):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 8 or not cells[0].replace(",", "").isdigit():
+        if len(cells) != 9 or not cells[0].replace(",", "").isdigit():
             continue
         out.append((int(cells[0].replace(",", "")), int(cells[1]), float(cells[2]),
-                    float(cells[4].split()[0]), float(cells[5]), float(cells[6])))
+                    float(cells[5].split()[0]), float(cells[6]), float(cells[7])))
     return sorted(out)
 
 

@@ -249,6 +249,7 @@ async fn rayservices_at_scale_become_ready_and_settle() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     let (rss_ready, _, _) = process(pid);
+    let writes_to_ready = metric_sum(&controller.metrics(), "rayshift_kubernetes_writes_total") / n as f64;
 
     // Settled: whatever the controller does from one health period on is the steady state.
     tokio::time::sleep(Duration::from_secs_f64(HEALTH_SECONDS)).await;
@@ -263,13 +264,13 @@ async fn rayservices_at_scale_become_ready_and_settle() {
     let cpu_share = (cpu_after - cpu).as_secs_f64() / elapsed;
     let polls_per_period = (gets_after - gets) as f64 / n as f64 / (elapsed / HEALTH_SECONDS);
     let report = format!(
-        "| {n} | {spaces} | {:.1} | {rss_ready:.1} | {rss:.1} ({peak:.1}) | {:.1} | {:.2} | {polls_per_period:.2} |",
+        "| {n} | {spaces} | {:.1} | {writes_to_ready:.1} | {rss_ready:.1} | {rss:.1} ({peak:.1}) | {:.1} | {:.2} | {polls_per_period:.2} |",
         ready_after.as_secs_f64(),
         writes * 60.0 / elapsed,
         cpu_share * 100.0,
     );
     eprintln!(
-        "| RayServices | namespaces | s to all Ready | RSS MiB at Ready | RSS MiB after {settle} s (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per {HEALTH_SECONDS} s |\n|---|---|---|---|---|---|---|---|\n{report}"
+        "| RayServices | namespaces | s to all Ready | API writes per RayService to Ready | RSS MiB at Ready | RSS MiB after {settle} s (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per {HEALTH_SECONDS} s |\n|---|---|---|---|---|---|---|---|---|\n{report}"
     );
     if let Ok(path) = std::env::var("RAYSHIFT_SCALE_REPORT") {
         use std::io::Write;
