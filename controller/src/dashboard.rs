@@ -38,10 +38,16 @@ pub struct HeadProxy<'a> {
     pub port: i64,
 }
 
+/// Dashboard requests in flight at once by default, every cluster together (`--dashboard-max-in-flight`).
+pub const DEFAULT_MAX_IN_FLIGHT: u16 = 32;
+
 #[derive(Clone)]
 pub struct Dashboard {
     route: Route,
     timeout: Duration,
+    /// One permit per request in flight: slow dashboards hold their permits, so at most this many requests
+    /// wait on them and the rest of the controller's reads are not swamped.
+    in_flight: std::sync::Arc<tokio::sync::Semaphore>,
     http: reqwest::Client,
     kube: kube::Client,
     attempts: u32,
@@ -131,15 +137,26 @@ impl ServeStatus {
 }
 
 impl Dashboard {
-    pub fn new(route: Route, timeout: Duration, kube: kube::Client, metrics: Metrics) -> Result<Self> {
+    pub fn new(
+        route: Route,
+        timeout: Duration,
+        max_in_flight: u16,
+        kube: kube::Client,
+        metrics: Metrics,
+    ) -> Result<Self> {
+        // A small pool per dashboard: one cluster's reads reuse a connection, and a thousand clusters do not
+        // keep a thousand idle ones between health periods.
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
+            .pool_max_idle_per_host(2)
+            .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .map_err(Error::HttpClient)?;
         Ok(Self {
             route,
             timeout,
+            in_flight: std::sync::Arc::new(tokio::sync::Semaphore::new(usize::from(max_in_flight.max(1)))),
             http,
             kube,
             attempts: 3,
@@ -188,6 +205,7 @@ impl Dashboard {
     /// Whether the Serve proxy on a head Pod answers `GET /-/healthz` with 200: directly (`template`, with
     /// `{podIP}`, `{port}`, `{pod}`, `{cluster}`, `{namespace}`) or through the apiserver's Pod proxy.
     pub async fn proxy_healthy(&self, template: &str, head: &HeadProxy<'_>) -> bool {
+        let _permit = self.in_flight.acquire().await;
         let timer = self.metrics.dashboard_latency("healthz");
         let healthy = match &self.route {
             Route::Template(_) => {
@@ -245,12 +263,14 @@ impl Dashboard {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
             }
+            let permit = self.in_flight.acquire().await;
             let timer = self.metrics.dashboard_latency(op);
             let result = match &self.route {
                 Route::Template(_) => self.direct(&method, &url, body.clone()).await,
                 Route::KubernetesProxy => self.proxied(&method, &url, body.clone()).await,
             };
             timer.observe_duration();
+            drop(permit);
             match result {
                 Ok(bytes) => return Ok(bytes),
                 Err((retry, failure)) => {

@@ -65,6 +65,8 @@ pub struct RunConfig {
     pub options: ControllerOptions,
     pub dashboard_route: dashboard::Route,
     pub dashboard_timeout: Duration,
+    /// Dashboard requests in flight at once, every cluster together.
+    pub dashboard_max_in_flight: u16,
     /// `None`: this replica always reconciles.
     pub leader_election: Option<leader::LeaderElection>,
     pub readiness: Readiness,
@@ -234,6 +236,7 @@ async fn run_controller(
     let dashboard = dashboard::Dashboard::new(
         config.dashboard_route.clone(),
         config.dashboard_timeout,
+        config.dashboard_max_in_flight,
         client.clone(),
         metrics.clone(),
     )?;

@@ -50,6 +50,9 @@ pub struct ControllerArgs {
     /// Timeout of one Ray dashboard request.
     #[arg(long, default_value = "2", value_parser = duration_at_least(0.1))]
     dashboard_timeout_seconds: Duration,
+    /// Ray dashboard and Serve proxy requests in flight at once, every cluster together.
+    #[arg(long, default_value_t = dashboard::DEFAULT_MAX_IN_FLIGHT, value_parser = clap::value_parser!(u16).range(1..))]
+    dashboard_max_in_flight: u16,
     /// Re-read Serve status this often while waiting for applications to run.
     #[arg(long, default_value = "2", value_parser = duration_at_least(0.05))]
     serve_poll_interval_seconds: Duration,
@@ -147,6 +150,7 @@ impl ControllerArgs {
             options: self.options(gates, managed_by, deadline),
             dashboard_route: self.route(),
             dashboard_timeout: self.dashboard_timeout_seconds,
+            dashboard_max_in_flight: self.dashboard_max_in_flight,
             leader_election,
             readiness: rayshift_controller::Readiness::default(),
         })
