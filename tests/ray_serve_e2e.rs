@@ -435,7 +435,11 @@ fn share_table(
             in_window.len(),
             slowest.as_secs_f64() * 1e3
         );
-        if in_window.len() >= 40 && (share - weight as f64).abs() > 5.0 {
+        // Three binomial standard deviations, at least 5 points: a short window on a busy machine (a cold CI run
+        // measured 69% over 129 requests at weight 75, 1.6 σ) is not a wrong split; 50% at weight 75 still is.
+        let n = in_window.len() as f64;
+        let tolerance = (3.0 * (weight as f64 * (100.0 - weight as f64) / n.max(1.0)).sqrt()).max(5.0);
+        if in_window.len() >= 40 && (share - weight as f64).abs() > tolerance {
             misses.push(format!(
                 "{weights}: {share:.1}% {new} over {} requests",
                 in_window.len()

@@ -249,7 +249,12 @@ async fn rayservices_at_scale_become_ready_and_settle() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     let (rss_ready, _, _) = process(pid);
-    let writes_to_ready = metric_sum(&controller.metrics(), "rayshift_kubernetes_writes_total") / n as f64;
+    let at_ready = controller.metrics();
+    let writes_to_ready = metric_sum(&at_ready, "rayshift_kubernetes_writes_total") / n as f64;
+    let by_kind = at_ready
+        .lines()
+        .filter(|l| l.starts_with("rayshift_kubernetes_writes_total{"));
+    eprintln!("writes until Ready:\n{}", by_kind.collect::<Vec<_>>().join("\n"));
 
     // Settled: whatever the controller does from one health period on is the steady state.
     tokio::time::sleep(Duration::from_secs_f64(HEALTH_SECONDS)).await;
@@ -290,7 +295,7 @@ async fn rayservices_at_scale_become_ready_and_settle() {
     let late = Lateness::of(lateness);
     let report = format!("| {n} | {spaces} | {k} | {} |", late.row());
     eprintln!(
-        "| RayServices | namespaces | upgrades at once | {}|\n|---|---|---|---|\n{report}",
+        "| RayServices | namespaces | upgrades at once | {}|\n|---|---|---|---|---|---|\n{report}",
         Lateness::HEADER
     );
     if let Ok(path) = std::env::var("RAYSHIFT_SCALE_UPGRADE_REPORT") {

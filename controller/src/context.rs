@@ -27,6 +27,7 @@ use crate::{
     dashboard::{self, Dashboard},
     error::{Error, Result},
     events::{EventLog, EventType, Occurrence},
+    label_index::LabelIndex,
     metrics::{Metrics, ServiceView},
 };
 
@@ -126,7 +127,11 @@ pub struct Context {
 #[derive(Clone)]
 pub struct Caches {
     pub clusters: reflector::Store<RayCluster>,
+    /// Cluster names by their RayService (KubeRay's `ray.io/originated-from-cr-name`).
+    pub clusters_by_owner: LabelIndex,
     pub heads: reflector::Store<Pod>,
+    /// Head Pod names by their cluster (`ray.io/cluster`).
+    pub heads_by_cluster: LabelIndex,
     /// The Services rayshift creates (KubeRay's association labels).
     pub services: reflector::Store<Service>,
     /// Filled only where the Gateway API is served.
@@ -160,7 +165,13 @@ impl Caches {
     /// The RayService's clusters (by KubeRay's association labels).
     pub(crate) async fn clusters_of(&self, ns: &str, rs: &str) -> Result<Vec<RayCluster>> {
         let wanted = children::association_labels(rs);
-        cached(&self.clusters, "RayCluster", ns, &wanted).await
+        let found = Found {
+            ns,
+            index: &self.clusters_by_owner,
+            value: rs,
+            wanted: &wanted,
+        };
+        found.in_store(&self.clusters, "RayCluster").await
     }
 
     /// The head Pods of a cluster.
@@ -169,34 +180,50 @@ impl Caches {
             (CLUSTER_LABEL.to_string(), cluster.to_string()),
             (NODE_TYPE_LABEL.to_string(), "head".to_string()),
         ]);
-        cached(&self.heads, "Pod", ns, &wanted).await
+        let found = Found {
+            ns,
+            index: &self.heads_by_cluster,
+            value: cluster,
+            wanted: &wanted,
+        };
+        found.in_store(&self.heads, "Pod").await
     }
 }
 
-/// The objects of a store in `ns` that carry every label of `wanted`, once the store has its first list.
-async fn cached<K>(
-    store: &reflector::Store<K>,
-    kind: &'static str,
-    ns: &str,
-    wanted: &BTreeMap<String, String>,
-) -> Result<Vec<K>>
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    store
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::CacheClosed(kind))?;
-    let matches = |k: &K| {
-        k.meta().namespace.as_deref() == Some(ns)
-            && wanted.iter().all(|(key, v)| k.labels().get(key) == Some(v))
-    };
-    Ok(store
-        .state()
-        .iter()
-        .filter(|k| matches(k))
-        .map(|k| (**k).clone())
-        .collect())
+/// What a cached lookup wants: the objects in `ns` carrying every label of `wanted`, found through `index`
+/// by the indexed label's `value`.
+struct Found<'a> {
+    ns: &'a str,
+    index: &'a LabelIndex,
+    value: &'a str,
+    wanted: &'a BTreeMap<String, String>,
+}
+
+impl Found<'_> {
+    /// The matching objects of `store`, once it has its first list: by name from the index, or by a scan
+    /// while the index has not listed yet (it follows the store by a moment).
+    async fn in_store<K>(&self, store: &reflector::Store<K>, kind: &'static str) -> Result<Vec<K>>
+    where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
+        store
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheClosed(kind))?;
+        let matches = |k: &K| {
+            k.meta().namespace.as_deref() == Some(self.ns)
+                && self.wanted.iter().all(|(key, v)| k.labels().get(key) == Some(v))
+        };
+        let found = match self.index.names(self.ns, self.value) {
+            Some(names) => names
+                .iter()
+                .filter_map(|n| store.get(&reflector::ObjectRef::new(n).within(self.ns)))
+                .filter(|k| matches(k))
+                .collect(),
+            None => store.state_filter(matches),
+        };
+        Ok(found.iter().map(|k| (**k).clone()).collect())
+    }
 }
 
 impl Context {

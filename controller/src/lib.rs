@@ -7,6 +7,7 @@ pub mod dashboard;
 pub mod error;
 pub mod events;
 pub mod incremental;
+pub mod label_index;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;
@@ -29,6 +30,7 @@ use rayshift_api::{RayCluster, RayService, gateway_attachment::Attachment};
 use tokio::sync::watch as signal;
 
 pub use crate::context::{Context, ControllerOptions, DEFAULT_CONCURRENCY, Mode};
+use crate::label_index::LabelIndex;
 
 /// `/readyz` of the controller: ready once it knows whether it leads and, while it leads (or without leader
 /// election), once its RayService cache has synced.
@@ -246,9 +248,13 @@ async fn run_controller(
     let (gateways, gateway_writer) = reflector::store::<Gateway>();
     let (routes, route_writer) = reflector::store::<HttpRoute>();
     let (grpc_routes, grpc_route_writer) = reflector::store::<GrpcRoute>();
+    let clusters_by_owner = LabelIndex::new(children::ORIGINATED_FROM_CR_NAME);
+    let heads_by_cluster = LabelIndex::new(children::CLUSTER_LABEL);
     let caches = context::Caches {
         clusters: clusters.clone(),
+        clusters_by_owner: clusters_by_owner.clone(),
         heads,
+        heads_by_cluster: heads_by_cluster.clone(),
         services: services_cache,
         gateways,
         routes,
@@ -260,8 +266,8 @@ async fn run_controller(
     let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
     let forget_task = forget_deleted(api(&client, ns), ctx.clone(), config.readiness.clone());
     // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
-    let cluster_stream = cached(&client, ns, owned(), cluster_writer);
-    let head_stream = cached(&client, ns, head_pods(), head_writer);
+    let cluster_stream = indexed(&client, ns, owned(), cluster_writer, clusters_by_owner);
+    let head_stream = indexed(&client, ns, head_pods(), head_writer, heads_by_cluster);
     let (rayservices, rayservice_writer) = reflector::store::<RayService>();
     let rayservice_stream =
         reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
@@ -366,6 +372,27 @@ where
     K: Watched + kube::Resource<Scope = kube::core::NamespaceResourceScope>,
 {
     reflected(api::<K>(client, ns), config, writer).touched_objects()
+}
+
+/// `cached`, with `index` following the cache.
+fn indexed<K>(
+    client: &Client,
+    ns: Option<&str>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    index: LabelIndex,
+) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
+where
+    K: Watched + kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+{
+    reflected(api::<K>(client, ns), config, writer)
+        .map(move |event| {
+            if let Ok(event) = &event {
+                index.apply(event);
+            }
+            event
+        })
+        .touched_objects()
 }
 
 /// A watch, retried with `RecoveryBackoff`, whose events fill a read cache.
