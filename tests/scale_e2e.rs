@@ -6,7 +6,8 @@
 //! 20) after they settled, its API writes, its CPU and its Serve status reads per RayService per health period.
 //! Then RAYSHIFT_SCALE_UPGRADES (default 5) of the incremental RayServices are upgraded at once (a new head image):
 //! every one must complete with the invariant observer seeing no broken invariant, and each traffic step's
-//! lateness is reported. `scripts/bench.sh scale` runs 10, 100 and 1,000 (50 upgrades at 1,000).
+//! lateness is reported. `scripts/bench.sh scale` runs 10, 100 and 1,000 (50 upgrades at 1,000);
+//! RAYSHIFT_SCALE_CONCURRENCY sets the controller's `--concurrency` (else its default).
 //!
 //! Test stand-in: RayCluster status and head Pods come from `stand_in` below, not from the KubeRay operator, and
 //! every dashboard from one fake dashboard. The real operator with kwok would need a fake node per 110 Pods and a
@@ -214,14 +215,20 @@ async fn rayservices_at_scale_become_ready_and_settle() {
     );
 
     let poll = SERVE_POLL_SECONDS.to_string();
-    let args = [
+    let log_level = std::env::var("RAYSHIFT_SCALE_LOG").unwrap_or_else(|_| "warn".into());
+    let mut args = vec![
         GATE,
         "--skip-gateway-status-check",
         "--serve-poll-interval-seconds",
         &poll,
         "--log-level",
-        "warn",
+        &log_level,
     ];
+    // The controller's default unless set (a benchmark compares settings).
+    let concurrency = std::env::var("RAYSHIFT_SCALE_CONCURRENCY").unwrap_or_default();
+    if !concurrency.is_empty() {
+        args.extend(["--concurrency", &concurrency]);
+    }
     let mut controller = ControllerProcess::start(cp, "", &dashboard.url_template(), &args);
     let pid = controller.child.id();
     let started = Instant::now();
@@ -251,10 +258,12 @@ async fn rayservices_at_scale_become_ready_and_settle() {
     let (rss_ready, _, _) = process(pid);
     let at_ready = controller.metrics();
     let writes_to_ready = metric_sum(&at_ready, "rayshift_kubernetes_writes_total") / n as f64;
-    let by_kind = at_ready
-        .lines()
-        .filter(|l| l.starts_with("rayshift_kubernetes_writes_total{"));
-    eprintln!("writes until Ready:\n{}", by_kind.collect::<Vec<_>>().join("\n"));
+    let counted = |l: &&str| {
+        l.starts_with("rayshift_kubernetes_writes_total{")
+            || (l.starts_with("rayshift_reconcile_errors_total{") && !l.ends_with(" 0"))
+    };
+    let lines: Vec<&str> = at_ready.lines().filter(counted).collect();
+    eprintln!("writes and reconcile errors until Ready:\n{}", lines.join("\n"));
 
     // Settled: whatever the controller does from one health period on is the steady state.
     tokio::time::sleep(Duration::from_secs_f64(HEALTH_SECONDS)).await;

@@ -59,6 +59,8 @@ pub enum Error {
     CacheClosed(&'static str),
     #[error("the RayCluster cache lags behind the apiserver: the pass is retried before anything is created")]
     CacheBehind,
+    #[error("the pass did not finish within {0:?}: abandoned and retried (a request got no answer)")]
+    PassTimedOut(std::time::Duration),
 }
 
 impl Error {
@@ -81,6 +83,7 @@ impl Error {
             Error::Metrics(_) => "metrics",
             Error::NotLeader => "not_leader",
             Error::CacheClosed(_) | Error::CacheBehind => "cache",
+            Error::PassTimedOut(_) => "timeout",
         }
     }
 }

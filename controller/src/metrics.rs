@@ -394,6 +394,7 @@ impl Health {
             "metrics",
             "not_leader",
             "cache",
+            "timeout",
         ];
         for reason in reasons {
             self.reconcile_errors.with_label_values(&[reason]);

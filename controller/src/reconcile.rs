@@ -49,6 +49,13 @@ struct Seen {
     dashboard_error: Option<String>,
 }
 
+/// A pass never takes this long (its dashboard calls time out in seconds, its API calls answer in milliseconds),
+/// but kube's client has no read timeout: a request left unanswered would hold its reconcile slot forever. Seen
+/// at scale with `--concurrency 64` (BENCHMARKS.md): passes of 42 of 100 new RayServices never ended, with
+/// nothing in flight at the apiserver. A pass is idempotent (observe, decide, apply), so an abandoned one is
+/// simply retried.
+const PASS_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
     // Every log line of the pass names its RayService.
@@ -57,7 +64,10 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         rayservice = %cached.name_any(),
         namespace = %cached.namespace().unwrap_or_default()
     );
-    let result = tracing::Instrument::instrument(pass(&cached, &ctx), span).await;
+    let pass = tracing::Instrument::instrument(pass(&cached, &ctx), span);
+    let result = tokio::time::timeout(PASS_TIMEOUT, pass)
+        .await
+        .unwrap_or(Err(Error::PassTimedOut(PASS_TIMEOUT)));
     // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
         ctx.metrics
