@@ -286,15 +286,7 @@ async fn rayservices_at_scale_become_ready_and_settle() {
     eprintln!(
         "| RayServices | namespaces | s to all Ready | API writes per RayService to Ready | RSS MiB at Ready | RSS MiB after {settle} s (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per {HEALTH_SECONDS} s |\n|---|---|---|---|---|---|---|---|---|\n{report}"
     );
-    if let Ok(path) = std::env::var("RAYSHIFT_SCALE_REPORT") {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .unwrap();
-        writeln!(f, "{report}").unwrap();
-    }
+    append_row("RAYSHIFT_SCALE_REPORT", &report);
     let incremental: Vec<(String, String)> = (0..n)
         .filter(|i| i % 10 >= 7)
         .map(|i| (namespaces[i % spaces].clone(), format!("svc-{i}")))
@@ -307,15 +299,7 @@ async fn rayservices_at_scale_become_ready_and_settle() {
         "| RayServices | namespaces | upgrades at once | {}|\n|---|---|---|---|---|---|\n{report}",
         Lateness::HEADER
     );
-    if let Ok(path) = std::env::var("RAYSHIFT_SCALE_UPGRADE_REPORT") {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .unwrap();
-        writeln!(f, "{report}").unwrap();
-    }
+    append_row("RAYSHIFT_SCALE_UPGRADE_REPORT", &report);
     stand_in.abort();
     drop(controller);
     assert_eq!(writes, 0.0, "settled RayServices still written");
@@ -402,6 +386,18 @@ async fn upgrade_at_once(
         }
     }
     lateness
+}
+
+/// Appends a report row to the file the environment variable `var` names, if it names one.
+fn append_row(var: &str, row: &str) {
+    use std::io::Write;
+    let Ok(path) = std::env::var(var) else { return };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    writeln!(f, "{row}").unwrap();
 }
 
 fn active_cluster(rs: &RayService) -> Option<String> {
