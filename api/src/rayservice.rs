@@ -24,6 +24,8 @@ pub const KUBERAY_MANAGER: &str = "ray.io/kuberay-operator";
 pub const MULTIKUEUE_MANAGER: &str = "kueue.x-k8s.io/multikueue";
 /// The finalizer KubeRay (v1.6.2+) puts on the RayServices it runs.
 pub const KUBERAY_FINALIZER: &str = "ray.io/rayservice-finalizer";
+/// kubectl's copy of the whole last applied object: often the largest string in it, and read by no rule or pass.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// Default `rayClusterDeletionDelaySeconds`.
 pub const DEFAULT_DELETION_DELAY_SECONDS: i32 = 60;
 /// Built-in default of `clusterUpgradeOptions.maxSurgePercent` (KubeRay's CRD default).

@@ -26,7 +26,9 @@ use kube::{
         watcher,
     },
 };
-use rayshift_api::{RayCluster, RayService, gateway_attachment::Attachment};
+use rayshift_api::{
+    RayCluster, RayService, gateway_attachment::Attachment, rayservice::LAST_APPLIED_ANNOTATION,
+};
 use tokio::sync::watch as signal;
 
 pub use crate::context::{Context, ControllerOptions, DEFAULT_CONCURRENCY, Mode};
@@ -416,8 +418,6 @@ fn trim<K: Resource>(object: &mut K) {
         annotations.remove(LAST_APPLIED_ANNOTATION);
     }
 }
-
-const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The RayServices a Gateway API object matters to: its owner, and those whose annotations name it (a
 /// shared Gateway, an adopted route), so its status wakes them as an owned object's would.

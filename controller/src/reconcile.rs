@@ -51,9 +51,9 @@ struct Seen {
 
 /// A pass never takes this long (its dashboard calls time out in seconds, its API calls answer in milliseconds),
 /// but kube's client has no read timeout: a request left unanswered would hold its reconcile slot forever. Seen
-/// at scale with `--concurrency 64` (BENCHMARKS.md): passes of 42 of 100 new RayServices never ended, with
-/// nothing in flight at the apiserver. A pass is idempotent (observe, decide, apply), so an abandoned one is
-/// simply retried.
+/// at scale with `--concurrency 64` (BENCHMARKS.md): passes of up to 42 of 100 new RayServices never ended, their
+/// apiserver connections stopped right after the TLS handshake with no request written. A pass is idempotent
+/// (observe, decide, apply), so an abandoned one is simply retried.
 const PASS_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {

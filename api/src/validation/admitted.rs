@@ -13,10 +13,7 @@ use serde::{
 use serde_json::Value;
 
 use super::{FieldError, StoredObject, ValidationConfig, Verdict, rayservice};
-use crate::{RayService, RayServiceSpec};
-
-/// No rule reads kubectl's copy of the whole object, often the largest string in it.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+use crate::{RayService, RayServiceSpec, rayservice::LAST_APPLIED_ANNOTATION};
 
 /// A RayService as admission decodes it. Decoding fails on a field of the wrong type; [`decode_str`]
 /// then names the field.
@@ -111,7 +108,7 @@ impl<'de> Visitor<'de> for RuleAnnotations {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut out = BTreeMap::new();
         while let Some(key) = map.next_key::<String>()? {
-            if key == LAST_APPLIED {
+            if key == LAST_APPLIED_ANNOTATION {
                 map.next_value::<IgnoredAny>()?;
             } else {
                 let value = map.next_value()?;
@@ -132,7 +129,7 @@ mod tests {
         json!({
             "apiVersion": "ray.io/v1", "kind": "RayService",
             "metadata": {"name": "llm", "namespace": "serving", "labels": {"a": "b"},
-                "annotations": {LAST_APPLIED: "{\"big\": true}", "rayshift.io/drain-seconds": "x"},
+                "annotations": {LAST_APPLIED_ANNOTATION: "{\"big\": true}", "rayshift.io/drain-seconds": "x"},
                 "managedFields": [{"manager": "kubectl"}]},
             "spec": {"serveConfigV2": "applications:\n- name: a\n  import_path: m:app\n",
                 "rayClusterConfig": {"headGroupSpec": {"rayStartParams": {},
