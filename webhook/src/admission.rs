@@ -130,9 +130,12 @@ pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Valu
 }
 
 fn v1_request<R>(review: ReviewIn<R>) -> Option<R> {
-    let v1 = review.api_version.as_deref() == Some(ADMISSION_V1)
-        && review.kind.as_deref() == Some("AdmissionReview");
+    let v1 = is_v1_review(review.api_version.as_deref(), review.kind.as_deref());
     review.request.filter(|_| v1)
+}
+
+fn is_v1_review(api_version: Option<&str>, kind: Option<&str>) -> bool {
+    (api_version, kind) == (Some(ADMISSION_V1), Some("AdmissionReview"))
 }
 
 /// The request of a v1 AdmissionReview body.
@@ -190,7 +193,7 @@ fn rejection(text: &str) -> Error {
         }
     };
     let (api_version, kind) = (envelope.api_version.as_deref(), envelope.kind.as_deref());
-    if (api_version, kind) != (Some(ADMISSION_V1), Some("AdmissionReview")) {
+    if !is_v1_review(api_version, kind) {
         return Error::BadRequest(format!(
             "expected an {ADMISSION_V1} AdmissionReview, got apiVersion {api_version:?} kind {kind:?}"
         ));
