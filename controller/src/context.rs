@@ -27,6 +27,7 @@ use crate::{
     dashboard::{self, Dashboard},
     error::{Error, Result},
     events::{EventLog, EventType, Occurrence},
+    health_timer::HealthTimer,
     label_index::LabelIndex,
     metrics::{Metrics, ServiceView},
 };
@@ -54,7 +55,8 @@ pub struct ControllerOptions {
     /// Re-read Serve this often while a traffic step is due and waits only for its capacity to be verified
     /// (the step then lands this late at most, plus one pass).
     pub capacity_poll_interval: Duration,
-    /// Re-read dashboards this often when settled; writes only if something changed.
+    /// A full pass of a settled RayService this often (the health timer checks it in between); writes only if
+    /// something changed.
     pub resync_interval: Duration,
     pub field_manager: String,
     /// Do not wait for Gateway/HTTPRoute status (for Gateway controllers that publish none).
@@ -63,7 +65,7 @@ pub struct ControllerOptions {
     pub progress_deadline_seconds: i64,
     /// Default drain time before a cluster that lost its traffic goes to target_capacity 0.
     pub drain_seconds: i64,
-    /// How often a serving head's Serve proxy is checked when nothing else is due.
+    /// How often the health timer checks a settled RayService's Serve status and head proxies.
     pub serve_health_interval: Duration,
     /// Where a head Pod's Serve proxy health check is (template route): `{podIP}`, `{port}`, `{pod}`,
     /// `{cluster}` and `{namespace}` are filled in.
@@ -84,7 +86,7 @@ impl Default for ControllerOptions {
             feature_gates: FeatureGates::default(),
             serve_poll_interval: Duration::from_secs(2),
             capacity_poll_interval: Duration::from_millis(50),
-            resync_interval: Duration::from_secs(60),
+            resync_interval: Duration::from_secs(300),
             field_manager: "rayshift".to_string(),
             skip_gateway_status_check: false,
             progress_deadline_seconds: rayshift_api::upgrade_control::DEFAULT_PROGRESS_DEADLINE_SECONDS,
@@ -120,6 +122,8 @@ pub struct Context {
     leading: Option<Arc<crate::leader::Leadership>>,
     /// Where a pass reads clusters, head Pods and the objects it applies; `None`: the apiserver.
     pub(crate) caches: Option<Caches>,
+    /// Checks settled RayServices between their passes.
+    pub(crate) health: Arc<HealthTimer>,
 }
 
 /// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
@@ -227,7 +231,13 @@ impl Found<'_> {
 }
 
 impl Context {
-    pub fn new(client: Client, dashboard: Dashboard, options: ControllerOptions, metrics: Metrics) -> Self {
+    pub fn new(
+        client: Client,
+        dashboard: Dashboard,
+        options: ControllerOptions,
+        metrics: Metrics,
+        health: Arc<HealthTimer>,
+    ) -> Self {
         Self {
             events: EventLog::new(client.clone(), "rayshift", std::env::var("POD_NAME").ok()),
             client,
@@ -242,6 +252,7 @@ impl Context {
             started: Timestamp::now(),
             leading: None,
             caches: None,
+            health,
         }
     }
 
@@ -354,6 +365,7 @@ impl Context {
             deleted.insert(uid.to_string(), now);
         }
         self.metrics.forget_service(ns, name);
+        self.health.forget(&reflector::ObjectRef::new(name).within(ns));
         self.observed_levels().remove(uid);
         self.known_versions().remove(uid);
         self.records().forget_owner(uid);
@@ -367,6 +379,8 @@ impl Context {
         let names: std::collections::HashSet<(&str, &str)> =
             present.iter().map(|(n, s, _)| (n.as_str(), s.as_str())).collect();
         self.metrics.forget_services_except(&names);
+        self.health
+            .forget_all_but(|rs| names.contains(&(rs.namespace.as_deref().unwrap_or_default(), &rs.name)));
         self.observed_levels()
             .retain(|uid, _| uids.contains(uid.as_str()));
         self.known_versions().retain(|uid, _| uids.contains(uid.as_str()));

@@ -6,6 +6,7 @@ pub mod context;
 pub mod dashboard;
 pub mod error;
 pub mod events;
+pub mod health_timer;
 pub mod incremental;
 pub mod label_index;
 pub mod leader;
@@ -32,7 +33,7 @@ use rayshift_api::{
 use tokio::sync::watch as signal;
 
 pub use crate::context::{Context, ControllerOptions, DEFAULT_CONCURRENCY, Mode};
-use crate::label_index::LabelIndex;
+use crate::{health_timer::HealthTimer, label_index::LabelIndex};
 
 /// `/readyz` of the controller: ready once it knows whether it leads and, while it leads (or without leader
 /// election), once its RayService cache has synced.
@@ -263,7 +264,15 @@ async fn run_controller(
         grpc_routes,
         namespace: ns.map(str::to_string),
     };
-    let ctx = Context::new(client.clone(), dashboard, config.options.clone(), metrics);
+    let options = &config.options;
+    let (health, unsettled) = HealthTimer::new(options.serve_health_interval, options.resync_interval);
+    let health = Arc::new(health);
+    let health_task = tokio::spawn(health.clone().run(
+        dashboard.clone(),
+        options.serve_health_url_template.clone(),
+        metrics.clone(),
+    ));
+    let ctx = Context::new(client.clone(), dashboard, options.clone(), metrics, health);
     let ctx = Arc::new(ctx.with_leadership(leading).with_caches(caches));
     let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
     let forget_task = forget_deleted(api(&client, ns), ctx.clone(), config.readiness.clone());
@@ -276,6 +285,7 @@ async fn run_controller(
     let mut controller = Controller::for_stream(rayservice_stream, rayservices)
         .with_config(controller::Config::default().concurrency(config.options.concurrency))
         .trigger_backoff(NoPause)
+        .reconcile_on(unsettled)
         .owns_stream(cluster_stream)
         .owns_stream(cached(&client, ns, owned(), service_writer));
     if gateway_api {
@@ -313,6 +323,7 @@ async fn run_controller(
         })
         .await;
     forget_task.abort();
+    health_task.abort();
     tracing::info!("controller stopped");
     Ok(())
 }

@@ -203,6 +203,10 @@ impl Metrics {
             .start_timer()
     }
 
+    pub fn health_check(&self, outcome: &str) {
+        self.health.health_checks.with_label_values(&[outcome]).inc();
+    }
+
     pub fn dashboard_error(&self, op: &str) {
         self.health.dashboard_errors.with_label_values(&[op]).inc();
     }
@@ -341,6 +345,7 @@ struct Health {
     api_writes: IntCounterVec,
     dashboard_latency: HistogramVec,
     dashboard_errors: IntCounterVec,
+    health_checks: IntCounterVec,
 }
 
 impl Health {
@@ -378,6 +383,12 @@ impl Health {
                 "Failed Ray dashboard requests (each attempt).",
                 &["operation"],
             )?,
+            health_checks: r.counters(
+                "rayshift_health_checks_total",
+                "Settled RayServices checked by the shared health timer, by outcome: unchanged (no pass), changed \
+                 (a pass follows), resync (a full pass was due).",
+                &["outcome"],
+            )?,
         };
         h.start_known_series();
         Ok(h)
@@ -401,6 +412,9 @@ impl Health {
         }
         for op in ["get", "put"] {
             self.dashboard_errors.with_label_values(&[op]);
+        }
+        for outcome in ["unchanged", "changed", "resync"] {
+            self.health_checks.with_label_values(&[outcome]);
         }
     }
 }

@@ -12,7 +12,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
-    runtime::controller::Action,
+    runtime::{controller::Action, reflector::ObjectRef},
 };
 use rayshift_api::rayservice::KUBERAY_FINALIZER;
 use rayshift_api::{
@@ -36,6 +36,7 @@ use crate::{
     dashboard::{self, HeadProxy, ServeStatus},
     error::{Error, Result},
     events::EventType,
+    health_timer::{Baseline, ProxyAddress, ServingCluster},
     metrics::ServiceView,
 };
 
@@ -78,6 +79,8 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
 
 /// One pass: observe → decide (pure, `rayshift_api::lifecycle`) → apply, then the status and the next wake-up.
 async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
+    // This pass runs it: the health timer hands it back only if the pass ends settled.
+    ctx.health.forget(&ObjectRef::from_obj(cached));
     let Some(rs) = current(cached, ctx).await? else {
         return Ok(Action::await_change());
     };
@@ -92,9 +95,65 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
     confirm_clusters(&rs, ctx, &seen, &decision).await?;
     let applied = apply(&rs, ctx, &previous, &seen, &decision).await?;
     let settled = settle_status(&rs, ctx, &previous, &seen, &decision, now).await?;
-    Ok(Action::requeue(next_wake(
-        ctx, &seen, &decision, &applied, &settled, now,
+    let next = next_wake(ctx, &seen, &decision, &applied, &settled, now);
+    Ok(Action::requeue(watch_health(
+        &rs, ctx, &seen, &decision, &applied, next,
     )))
+}
+
+/// Settled (nothing due within a health period, every proxy healthy): the shared health timer checks the
+/// serving clusters from here on and wakes a pass on a change or at the resync; this pass's own requeue is
+/// only a safety net behind the timer's resync.
+fn watch_health(
+    rs: &RayService,
+    ctx: &Context,
+    seen: &Observation,
+    decision: &Decision,
+    applied: &Applied,
+    next: Duration,
+) -> Duration {
+    let period = ctx.options.serve_health_interval;
+    let baseline = match health_baseline(rs, seen, decision) {
+        Some(b) if next >= period && !applied.proxy_failing => b,
+        _ => return next.min(period),
+    };
+    ctx.health
+        .watch(ObjectRef::from_obj(rs), baseline, std::time::Instant::now());
+    if next < ctx.options.resync_interval {
+        next
+    } else {
+        ctx.options.resync_interval + period
+    }
+}
+
+/// What the health timer expects of the active and pending clusters: the Serve status seen this pass and a
+/// healthy proxy on each head in the serve Service. `None` when a cluster's Serve status was not read.
+fn health_baseline(rs: &RayService, seen: &Observation, decision: &Decision) -> Option<Baseline> {
+    let ns = rs.namespace().unwrap_or_default();
+    let excluded = rs.spec.exclude_head_pod_from_serve_svc == Some(true);
+    [&decision.active, &decision.pending]
+        .into_iter()
+        .flatten()
+        .map(|name| {
+            let s = seen.clusters.get(name)?;
+            let proxy = s
+                .head_pod
+                .as_ref()
+                .filter(|_| !excluded)
+                .and_then(|pod| head_proxy(rs, &ns, name, pod))
+                .map(|h| ProxyAddress {
+                    pod: h.pod.to_string(),
+                    pod_ip: h.pod_ip.to_string(),
+                    port: h.port,
+                });
+            Some(ServingCluster {
+                namespace: ns.clone(),
+                cluster: name.clone(),
+                serve: s.serve.clone()?,
+                proxy,
+            })
+        })
+        .collect()
 }
 
 /// The RayService to act on, as fresh as this controller's own last write (the watch cache can lag behind it,
@@ -276,7 +335,6 @@ async fn observe_cluster(ctx: &Context, ns: &str, cluster: RayCluster, watched: 
 /// What applying the decision found that decides when to look again.
 struct Applied {
     pushed: bool,
-    proxies_checked: bool,
     proxy_failing: bool,
 }
 
@@ -294,7 +352,6 @@ async fn apply(
     let pushed = push_serve_configs(rs, ctx, previous, seen, decision).await?;
     let mut applied = Applied {
         pushed,
-        proxies_checked: false,
         proxy_failing: false,
     };
     for name in [&decision.active, &decision.pending].into_iter().flatten() {
@@ -304,7 +361,6 @@ async fn apply(
             .filter(|s| s.head_ready)
             .and_then(|s| Some((s, s.head_pod.as_ref()?)))
         {
-            applied.proxies_checked = true;
             applied.proxy_failing |=
                 update_head_serve_label(rs, ctx, &ns, &s.cluster.name_any(), pod).await?;
         }
@@ -504,9 +560,6 @@ fn next_wake(
     }
     if waiting_for_serve {
         next = next.min(ctx.options.serve_poll_interval);
-    }
-    if applied.proxies_checked {
-        next = next.min(ctx.options.serve_health_interval);
     }
     if let Some(at) = decision.wake_at {
         let secs = at.duration_since(now).as_secs_f64().max(0.05);

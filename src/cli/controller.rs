@@ -41,7 +41,7 @@ pub struct ControllerArgs {
     /// {port}, {pod}, {cluster} and {namespace} are filled in. Unused with --use-kubernetes-proxy.
     #[arg(long, default_value = dashboard::DEFAULT_HEALTH_URL_TEMPLATE)]
     serve_health_url_template: String,
-    /// Check serving heads' Serve proxies this often when nothing else is due.
+    /// Check settled RayServices' Serve status and head proxies this often (one shared timer; a pass follows a change).
     #[arg(long, default_value = "10", value_parser = duration_at_least(0.5))]
     serve_health_interval_seconds: Duration,
     /// Reach dashboards (and head Pods' Serve proxies) through the apiserver's proxy instead.
@@ -64,8 +64,9 @@ pub struct ControllerArgs {
     /// with no replica (annotation rayshift.io/drain-seconds overrides it).
     #[arg(long, default_value_t = rayshift_api::upgrade_control::DEFAULT_DRAIN_SECONDS, value_parser = clap::value_parser!(i64).range(0..))]
     drain_seconds: i64,
-    /// Re-read Serve status this often when settled (writes only on change).
-    #[arg(long, default_value = "60", value_parser = duration_at_least(1.0))]
+    /// Run a full pass of a settled RayService this often (writes only on change); in between, the shared
+    /// health timer checks its Serve status and head proxies every --serve-health-interval-seconds.
+    #[arg(long, default_value = "300", value_parser = duration_at_least(1.0))]
     resync_interval_seconds: Duration,
     /// RayServices reconciled at once (0: no bound).
     #[arg(long, default_value_t = rayshift_controller::DEFAULT_CONCURRENCY)]
