@@ -31,6 +31,8 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
     let controller = env.controller.as_ref().unwrap();
     let mut scrapes: Vec<(f64, f64, f64)> = Vec::new();
     let mut mid_upgrade = String::new();
+    // (seen at, expected completion) each time the status's estimate changed.
+    let mut estimates: Vec<(jiff::Timestamp, jiff::Timestamp)> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let text = controller.metrics();
@@ -62,12 +64,20 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
             scrapes.push((active_cap, pending_cap, pending_traffic));
         }
         let rs = env.get().await;
+        let eta = rs
+            .status
+            .as_ref()
+            .and_then(|s| s.progress.upgrade_expected_completion_time);
+        if let Some(eta) = eta.filter(|e| estimates.last().is_none_or(|(_, last)| last != e)) {
+            estimates.push((jiff::Timestamp::now(), eta));
+        }
         if active(&rs).as_deref() == Some(new.as_str()) && pending(&rs).is_none() {
             break;
         }
         assert!(Instant::now() < deadline, "upgrade did not finish");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    check_expected_completion(&estimates, jiff::Timestamp::now());
     // The gauges followed the plan: pending traffic never above pending capacity, both only rising.
     assert!(scrapes.iter().all(|(_, c, t)| t <= c), "{scrapes:?}");
     assert!(
@@ -748,6 +758,38 @@ async fn a_restarted_controller_resumes_from_status() {
     );
     let all = cluster_names(&Api::<RayCluster>::namespaced(env.client.clone(), &env.ns), "").await;
     assert!(all.contains(&new));
+}
+
+/// The upgrade's expected completion was published and kept up to date: reports each estimate's error
+/// against the promotion seen at `ended` (by a 100 ms poll, so up to that late), and checks that the
+/// estimates made once traffic moved were close. Exact when clusters are ready at once (a property test in
+/// `api`); here capacity waits on the real KubeRay operator and the fake dashboards add to it.
+fn check_expected_completion(estimates: &[(jiff::Timestamp, jiff::Timestamp)], ended: jiff::Timestamp) {
+    assert!(
+        estimates.len() >= 3,
+        "the estimate was not updated as the upgrade moved: {estimates:?}"
+    );
+    let errors: Vec<f64> = estimates
+        .iter()
+        .map(|(_, eta)| eta.duration_since(ended).as_secs_f64())
+        .collect();
+    let whole = ended.duration_since(estimates[0].0).as_secs_f64();
+    eprintln!(
+        "expected completion: {} estimates over a {whole:.1} s upgrade; error (estimate - end) first {:+.2} s, last {:+.2} s, worst {:+.2} s",
+        errors.len(),
+        errors[0],
+        errors[errors.len() - 1],
+        errors
+            .iter()
+            .cloned()
+            .fold(0.0_f64, |w, e| if e.abs() > w.abs() { e } else { w })
+    );
+    // The last estimate is made at the last step; what remains is the drain and the promotion.
+    let last = errors[errors.len() - 1];
+    assert!(
+        last.abs() < 5.0,
+        "the last estimate was {last:+.2} s off: {estimates:?}"
+    );
 }
 
 /// Every metric the Grafana dashboard queries is one rayshift exports (a real scrape of the controller

@@ -2,7 +2,8 @@
 //! restarted controller resumes where the last one stopped.
 //!
 //! The fields are top-level status fields (`status.upgradeStartTime`, `status.lastProgressTime`,
-//! `status.lastTrafficStepTime`, `status.rejectedSpecDigest`, `status.upgradeAbort`); KubeRay's released
+//! `status.lastTrafficStepTime`, `status.upgradeExpectedCompletionTime`, `status.rejectedSpecDigest`,
+//! `status.upgradeAbort`); KubeRay's released
 //! schema has no place for them, so the reconcile component (`manifests/components/reconcile`) adds them.
 //! Times keep sub-second precision: pacing is exact to the millisecond, and a metav1.Time has whole seconds.
 
@@ -30,6 +31,9 @@ pub struct UpgradeProgress {
     /// The spec digest an upgrade was rolled back from on purpose; not retried until the spec changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected_spec_digest: Option<String>,
+    /// When the running upgrade should end (`upgrade::expected_completion`), recomputed at each of its steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_expected_completion_time: Option<Timestamp>,
     /// Why the running upgrade is rolling back, when a user or the deadline said so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade_abort: Option<Abort>,

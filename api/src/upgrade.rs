@@ -405,16 +405,17 @@ pub struct Plan {
     pub steps: Vec<PlanStep>,
     pub peak_total_capacity: i32,
     pub traffic_steps: usize,
+    /// Serve `target_capacity` changes: each waits for its replicas in a real upgrade.
+    pub capacity_changes: usize,
     pub min_duration_seconds: f64,
 }
 
 /// Upper bound on actions of any upgrade: each traffic step moves >= 1%, each capacity step >= 1%.
 pub const MAX_ACTIONS: usize = 4 * 101 + 8;
 
-/// Simulates an upgrade from a fresh pending cluster (active 100/100, pending 0/0) to promotion.
-pub fn plan(opts: &UpgradeOptions) -> Plan {
-    let start = Timestamp::UNIX_EPOCH;
-    let mut obs = Observed {
+/// A fresh upgrade at `now`: active 100/100, pending 0/0, every cluster ready at once.
+fn fresh_start(now: Timestamp) -> Observed {
+    Observed {
         active: Levels {
             capacity: 100,
             traffic: 100,
@@ -431,8 +432,36 @@ pub fn plan(opts: &UpgradeOptions) -> Plan {
         pending_reachable: true,
         paused: false,
         hurry: false,
-        now: start,
-    };
+        now,
+    }
+}
+
+/// Runs the planner from `obs` with every wait for readiness over at once, calling `visit` after each
+/// applied action; `true` once the upgrade is promoted or rolled back, `false` if it cannot get there.
+fn simulate(opts: &UpgradeOptions, obs: &mut Observed, mut visit: impl FnMut(&Observed, Action)) -> bool {
+    for _ in 0..MAX_ACTIONS {
+        let action = next_action(opts, obs);
+        match action {
+            Action::Wait { until: Some(t), .. } => {
+                obs.now = t;
+                continue;
+            }
+            Action::Wait { until: None, .. } => return false,
+            _ => {}
+        }
+        apply(obs, action);
+        visit(obs, action);
+        if matches!(action, Action::Promote | Action::FinishRollback) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Simulates an upgrade from a fresh pending cluster (active 100/100, pending 0/0) to promotion.
+pub fn plan(opts: &UpgradeOptions) -> Plan {
+    let start = Timestamp::UNIX_EPOCH;
+    let mut obs = fresh_start(start);
     let row = |obs: &Observed, action: String| PlanStep {
         t_seconds: obs.now.duration_since(start).as_secs_f64(),
         active_capacity: obs.active.capacity,
@@ -443,31 +472,74 @@ pub fn plan(opts: &UpgradeOptions) -> Plan {
     };
     let mut steps = vec![row(&obs, "start: pending cluster created".to_string())];
     let mut peak = obs.active.capacity + obs.pending.capacity;
-    let mut traffic_steps = 0;
-    for _ in 0..MAX_ACTIONS {
-        let action = next_action(opts, &obs);
-        match action {
-            Action::Wait { until: Some(t), .. } => {
-                obs.now = t;
-                continue;
-            }
-            Action::Wait { until: None, .. } | Action::FinishRollback => break,
-            Action::SetTraffic { .. } => traffic_steps += 1,
-            _ => {}
-        }
-        apply(&mut obs, action);
-        peak = peak.max(obs.active.capacity + obs.pending.capacity);
-        steps.push(row(&obs, describe(action)));
-        if action == Action::Promote {
-            break;
-        }
-    }
+    let (mut traffic_steps, mut capacity_changes) = (0, 0);
+    simulate(opts, &mut obs, |o, action| {
+        traffic_steps += usize::from(matches!(action, Action::SetTraffic { .. }));
+        capacity_changes += usize::from(matches!(action, Action::SetTargetCapacity { .. }));
+        peak = peak.max(o.active.capacity + o.pending.capacity);
+        steps.push(row(o, describe(action)));
+    });
     Plan {
         min_duration_seconds: obs.now.duration_since(start).as_secs_f64(),
         steps,
         peak_total_capacity: peak,
         traffic_steps,
+        capacity_changes,
     }
+}
+
+/// What is left of an upgrade when its clusters are ready at once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Remaining {
+    pub duration: SignedDuration,
+    pub capacity_changes: u32,
+}
+
+/// The rest of the upgrade from `obs` (its pacing from the last traffic step on), every wait for readiness
+/// over at once; `None` while paused or when it cannot finish.
+pub fn remaining(opts: &UpgradeOptions, obs: &Observed) -> Option<Remaining> {
+    if obs.paused {
+        return None;
+    }
+    let start = obs.now;
+    let mut rest = Observed {
+        route_ready: true,
+        pending_capacity_ready: true,
+        active_capacity_ready: true,
+        pending_reachable: true,
+        ..*obs
+    };
+    let mut capacity_changes = 0;
+    let finished = simulate(opts, &mut rest, |_, action| {
+        capacity_changes += u32::from(matches!(action, Action::SetTargetCapacity { .. }));
+    });
+    finished.then(|| Remaining {
+        duration: rest.now.duration_since(start),
+        capacity_changes,
+    })
+}
+
+/// When the running upgrade, started at `started`, should end: the planned rest from `obs`, plus, for each
+/// capacity change left, the time each capacity change so far took beyond the plan (Serve bringing its
+/// replicas up, the gateway taking a route). Going forward only; a rollback gets its planned rest.
+pub fn expected_completion(opts: &UpgradeOptions, obs: &Observed, started: Timestamp) -> Option<Timestamp> {
+    let left = remaining(opts, obs)?;
+    let per_change = match obs.direction {
+        Direction::Forward => {
+            let whole = remaining(opts, &fresh_start(started))?;
+            let done = whole.capacity_changes.saturating_sub(left.capacity_changes);
+            let planned = whole.duration - left.duration;
+            let late = (obs.now.duration_since(started) - planned).max(SignedDuration::ZERO);
+            if done == 0 {
+                SignedDuration::ZERO
+            } else {
+                late / i32::try_from(done).unwrap_or(i32::MAX)
+            }
+        }
+        Direction::Rollback => SignedDuration::ZERO,
+    };
+    let waits = per_change * i32::try_from(left.capacity_changes).unwrap_or(i32::MAX);
+    Some(obs.now + left.duration + waits)
 }
 
 /// Human wording of an action (events, plan tables).

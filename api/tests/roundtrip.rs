@@ -127,6 +127,7 @@ fn the_reconcile_component_keeps_every_progress_field() {
         upgrade_start_time: Some(t),
         last_progress_time: Some(t),
         last_traffic_step_time: Some(t),
+        upgrade_expected_completion_time: Some(t),
         rejected_spec_digest: Some("d".into()),
         upgrade_abort: Some(Abort {
             reason: AbortReason::UpgradeAborted,

@@ -94,6 +94,7 @@ pub struct Metrics {
     paused: GaugeVec,
     last_step: GaugeVec,
     until_next_step: GaugeVec,
+    expected_completion: GaugeVec,
     upgrades: IntCounterVec,
     traffic_steps: IntCounterVec,
     capacity_changes: IntCounterVec,
@@ -147,6 +148,11 @@ impl Metrics {
             until_next_step: r.gauges(
                 "rayshift_rayservice_seconds_until_next_traffic_step",
                 "Seconds until the next traffic step is due (0 when due or waiting on something else).",
+                svc,
+            )?,
+            expected_completion: r.gauges(
+                "rayshift_rayservice_upgrade_expected_completion_timestamp_seconds",
+                "Unix time the running incremental upgrade should end (recomputed at each step; absent while paused).",
                 svc,
             )?,
             upgrades: r.counters(
@@ -259,6 +265,15 @@ impl Metrics {
         if let Some(t) = view.last_step_unix {
             self.last_step.with_label_values(&[ns, name]).set(t);
         }
+        match status.progress.upgrade_expected_completion_time {
+            Some(t) => self
+                .expected_completion
+                .with_label_values(&[ns, name])
+                .set(t.as_millisecond() as f64 / 1000.0),
+            None => {
+                let _ = self.expected_completion.remove_label_values(&[ns, name]);
+            }
+        }
     }
 
     pub fn upgrade(&self, ns: &str, name: &str, result: &str, duration_seconds: Option<f64>) {
@@ -320,6 +335,7 @@ impl Metrics {
             &self.paused,
             &self.last_step,
             &self.until_next_step,
+            &self.expected_completion,
         ] {
             let _ = g.remove_label_values(&[ns, name]);
         }

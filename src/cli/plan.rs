@@ -17,6 +17,10 @@ pub struct Args {
     /// RayService manifest; the first RayService in it is planned.
     #[arg(short = 'f', long = "filename", value_name = "FILE")]
     file: PathBuf,
+    /// Expected time for Serve to run the replicas of one target_capacity change (the upgrade waits for it
+    /// before moving traffic): the expected duration adds it per change.
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative_seconds)]
+    capacity_wait_seconds: f64,
     #[command(flatten)]
     defaults: DefaultsArgs,
     #[arg(short, long, value_enum, default_value_t)]
@@ -75,18 +79,31 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         }
     };
     let plan = upgrade::plan(&opts);
+    let expected = plan.min_duration_seconds + plan.capacity_changes as f64 * args.capacity_wait_seconds;
     match args.output {
         Output::Json => {
             let mut json = serde_json::to_value(&plan)?;
             json["traffic_entry"] = serde_json::Value::String(entry);
+            json["expected_duration_seconds"] = serde_json::json!(expected);
             println!("{}", serde_json::to_string_pretty(&json)?)
         }
         Output::Text => {
             print_table(&name, &opts, &plan);
+            println!(
+                "expected duration: {expected}s ({} capacity changes, {}s each to run their replicas)",
+                plan.capacity_changes, args.capacity_wait_seconds
+            );
             println!("traffic enters through: {entry}");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn non_negative_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{text:?} is not a number of seconds >= 0")),
+    }
 }
 
 fn opts_class(rs: &rayshift_api::RayService) -> &str {

@@ -192,6 +192,7 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
         Action::FinishRollback => finish_rollback(&mut d, &sides, s, now),
         Action::Wait { .. } => unreachable!("handled above"),
     }
+    expect_completion(&mut d, &observed, s);
     if d.status.pending_service_status.is_some() {
         d.status.progress.last_progress_time = Some(now);
     }
@@ -329,11 +330,37 @@ fn wait(d: &mut StepDecision, o: &Observed, s: &Settings, until: Option<Timestam
         d.notices
             .push(Notice::normal("UpgradePaused", "Reconcile", note.into()));
     }
+    let progress = &mut d.status.progress;
+    if reason == WaitReason::Paused {
+        progress.upgrade_expected_completion_time = None;
+    } else if progress.upgrade_expected_completion_time.is_none() {
+        expect_completion(d, o, s);
+    }
     d.step_due = until;
     d.wake = Some(match until {
         Some(due) => due,
         None => capacity_wake(o, s, reason),
     });
+}
+
+/// The expected completion, from the levels this pass leaves. Recomputed only when the upgrade moves (or
+/// has none yet): between steps it stays put and costs no status write.
+fn expect_completion(d: &mut StepDecision, before: &Observed, s: &Settings) {
+    let progress = &d.status.progress;
+    let Some(started) = progress.upgrade_start_time else {
+        return;
+    };
+    if d.status.pending_service_status.is_none() {
+        return;
+    }
+    let after = Observed {
+        active: Levels::from_status(d.status.active_service_status.as_ref(), Role::Active),
+        pending: Levels::from_status(d.status.pending_service_status.as_ref(), Role::Pending),
+        last_traffic_step: last_step_time(&d.status),
+        ..*before
+    };
+    d.status.progress.upgrade_expected_completion_time =
+        super::expected_completion(&s.options, &after, started);
 }
 
 /// When to look again while a step waits for Serve. A step is due at `last step + interval` or at the

@@ -877,3 +877,57 @@ fn a_lost_status_write_before_a_rollback_does_not_stall_it() {
         levels_of(&status)
     );
 }
+
+#[test]
+fn expected_completion_of_an_upgrade_on_schedule_is_its_plan() {
+    let o = opts(20, 5, 10);
+    let mut start = observed((100, 100), (0, 0));
+    start.now = t(0);
+    assert_eq!(expected_completion(&o, &start, t(0)), Some(t(190)));
+    // Paused: no estimate.
+    start.paused = true;
+    assert_eq!(expected_completion(&o, &start, t(0)), None);
+}
+
+#[test]
+fn capacity_changes_that_took_longer_make_the_rest_take_longer() {
+    let o = opts(50, 50, 10);
+    // The plan: pending to 50% at 0 s, traffic 50/50 at 0 s, active to 50%, pending to 100%, traffic 0/100 at
+    // 10 s, active to 0 after the drain, promote. Here the first capacity change took 30 s to verify.
+    let mut now = observed((100, 100), (50, 0));
+    now.now = t(30);
+    let whole = remaining(&o, &observed((100, 100), (0, 0))).unwrap();
+    let left = remaining(&o, &now).unwrap();
+    assert!(left.capacity_changes > 0 && left.capacity_changes < whole.capacity_changes);
+    let per_change = 30 / i64::from(whole.capacity_changes - left.capacity_changes);
+    let late = SignedDuration::from_secs(per_change * i64::from(left.capacity_changes));
+    assert_eq!(
+        expected_completion(&o, &now, t(0)),
+        Some(t(30) + left.duration + late)
+    );
+}
+
+proptest! {
+    /// With every cluster ready at once, the estimate made after each action of the upgrade is exactly when
+    /// it ends.
+    #[test]
+    fn an_upgrade_ready_at_once_ends_when_expected(opts in options()) {
+        let mut o = observed((100, 100), (0, 0));
+        o.now = t(0);
+        let mut estimates = vec![expected_completion(&opts, &o, t(0)).unwrap()];
+        for _ in 0..MAX_ACTIONS {
+            match next_action(&opts, &o) {
+                Action::Wait { until: Some(at), .. } => o.now = at,
+                Action::Promote => break,
+                Action::Wait { until: None, .. } | Action::FinishRollback => prop_assert!(false, "stuck at {o:?}"),
+                action => {
+                    apply(&mut o, action);
+                    estimates.push(expected_completion(&opts, &o, t(0)).unwrap());
+                }
+            }
+        }
+        for e in estimates {
+            prop_assert_eq!(e, o.now);
+        }
+    }
+}
