@@ -12,8 +12,13 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
-    match cli::run(args) {
+    // Installed as `kubectl-rayshift` (krew), the same binary is the kubectl plugin.
+    let result = if cli::kubectl::invoked_as_plugin() {
+        cli::kubectl::run(cli::kubectl::Plugin::parse())
+    } else {
+        cli::run(cli::Cli::parse())
+    };
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");

@@ -880,3 +880,134 @@ fn collect_queries(v: &Value, out: &mut Vec<String>) {
         _ => {}
     }
 }
+
+/// `kubectl rayshift` through the real kubectl against the real apiserver: status (text, JSON, YAML, -w)
+/// during an upgrade, plan of the live object, pause / resume / promote, and abort of a second upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_plugin_follows_and_steers_upgrades() {
+    let env = Env::new("plugin").await;
+    let old = env.deploy(50, 10, 2).await;
+    let idle: Value = serde_json::from_str(&env.rayshift_plugin(&["status", "llm", "-o", "json"])).unwrap();
+    assert_eq!(idle["phase"], "Idle", "{idle}");
+    let new = env.upgrade_to("ray:2").await;
+    env.pending_traffic_at_least(10, 60).await;
+
+    let text = env.rayshift_plugin(&["status", "llm"]);
+    eprintln!("kubectl rayshift status llm:\n{text}");
+    for want in [
+        "Upgrading",
+        "traffic step ",
+        "/10",
+        "expected to end in",
+        &old,
+        &new,
+        "pending",
+        "Events:",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+    let json: Value = serde_json::from_str(&env.rayshift_plugin(&["status", "llm", "-o", "json"])).unwrap();
+    assert_eq!(json["clusters"].as_array().unwrap().len(), 2, "{json}");
+    assert_eq!(json["trafficStep"]["total"], 10, "{json}");
+    assert!(json["expectedCompletion"].is_string(), "{json}");
+    let wide = env.rayshift_plugin(&["status", "llm", "-o", "wide"]);
+    assert!(wide.contains("Last traffic step: 20"), "{wide}");
+    let plan = env.rayshift_plugin(&["plan", "llm"]);
+    assert!(plan.contains("Rest of the running upgrade of llm"), "{plan}");
+
+    // Pause: it holds, and says so; a follower sees the resume.
+    assert!(env.rayshift_plugin(&["pause", "llm"]).contains("upgrade paused"));
+    env.eventually("Paused", 30, || async {
+        let v: Value = serde_json::from_str(&env.rayshift_plugin(&["status", "llm", "-o", "json"])).ok()?;
+        (v["phase"] == "Paused" && v["expectedCompletion"].is_null()).then_some(())
+    })
+    .await;
+    let follower = follow(env.kubectl_rayshift(&["status", "llm", "-w"]));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        env.rayshift_plugin(&["resume", "llm"])
+            .contains("upgrade resumed")
+    );
+    let seen = follower.until(|out| out.contains("Paused") && out.contains("Upgrading"), 30);
+    assert!(seen.contains("---"), "{seen}");
+
+    // Promote: the intervals are skipped.
+    assert!(
+        env.rayshift_plugin(&["promote", "llm"])
+            .contains("upgrade promoted")
+    );
+    env.promoted_to(&new, 60).await;
+    let yaml = env.rayshift_plugin(&["status", "llm", "-o", "yaml"]);
+    assert!(yaml.contains("phase: Idle"), "{yaml}");
+    env.patch(json!({"metadata": {"annotations": {"rayshift.io/upgrade-control": null}}}))
+        .await;
+
+    // Abort: a second upgrade goes back to the cluster that serves.
+    let third = env.upgrade_to("ray:3").await;
+    env.pending_traffic_at_least(10, 60).await;
+    assert!(env.rayshift_plugin(&["abort", "llm"]).contains("rolling back"));
+    env.eventually("rolled back", 60, || async {
+        let rs = env.get().await;
+        (active(&rs).as_deref() == Some(new.as_str()) && pending(&rs).is_none()).then_some(())
+    })
+    .await;
+    let events = env.rayshift_plugin(&["status", "llm"]);
+    assert!(
+        events.contains("RolledBack") || events.contains("UpgradeAborted"),
+        "{events}"
+    );
+    assert_ne!(third, new);
+
+    let sample = format!(
+        "{}/manifests/samples/rayservice-incremental.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    env.rayshift_plugin(&["validate", "-f", &sample, support::incremental::GATE]);
+    let missing = env.kubectl_rayshift(&["status", "nope"]).output().unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("not found"),
+        "{missing:?}"
+    );
+}
+
+/// A running `kubectl rayshift status -w`, its output collected as it comes.
+struct Follower {
+    child: std::process::Child,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+fn follow(mut command: std::process::Command) -> Follower {
+    use std::io::Read;
+    let mut child = command.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = out.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    Follower { child, out }
+}
+
+impl Follower {
+    /// Its output once `done` holds (or the deadline passes: then a panic with what it printed).
+    fn until(mut self, done: impl Fn(&str) -> bool, secs: u64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let out = self.out.lock().unwrap().clone();
+            if done(&out) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return out;
+            }
+            assert!(Instant::now() < deadline, "status -w printed:\n{out}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -436,6 +436,18 @@ fn fresh_start(now: Timestamp) -> Observed {
     }
 }
 
+/// `obs` with every cluster and route ready and nothing paused: what a plan assumes.
+fn ready_at_once(obs: &Observed) -> Observed {
+    Observed {
+        route_ready: true,
+        pending_capacity_ready: true,
+        active_capacity_ready: true,
+        pending_reachable: true,
+        paused: false,
+        ..*obs
+    }
+}
+
 /// Runs the planner from `obs` with every wait for readiness over at once, calling `visit` after each
 /// applied action; `true` once the upgrade is promoted or rolled back, `false` if it cannot get there.
 fn simulate(opts: &UpgradeOptions, obs: &mut Observed, mut visit: impl FnMut(&Observed, Action)) -> bool {
@@ -460,8 +472,18 @@ fn simulate(opts: &UpgradeOptions, obs: &mut Observed, mut visit: impl FnMut(&Ob
 
 /// Simulates an upgrade from a fresh pending cluster (active 100/100, pending 0/0) to promotion.
 pub fn plan(opts: &UpgradeOptions) -> Plan {
-    let start = Timestamp::UNIX_EPOCH;
-    let mut obs = fresh_start(start);
+    plan_from(
+        opts,
+        &fresh_start(Timestamp::UNIX_EPOCH),
+        "start: pending cluster created",
+    )
+}
+
+/// Simulates the rest of an upgrade from `from` (a running one's levels and last step), its clusters ready
+/// at once; times count from `from.now`, the first row (`first`) is where it stands.
+pub fn plan_from(opts: &UpgradeOptions, from: &Observed, first: &str) -> Plan {
+    let start = from.now;
+    let mut obs = ready_at_once(from);
     let row = |obs: &Observed, action: String| PlanStep {
         t_seconds: obs.now.duration_since(start).as_secs_f64(),
         active_capacity: obs.active.capacity,
@@ -470,7 +492,7 @@ pub fn plan(opts: &UpgradeOptions) -> Plan {
         pending_traffic: obs.pending.traffic,
         action,
     };
-    let mut steps = vec![row(&obs, "start: pending cluster created".to_string())];
+    let mut steps = vec![row(&obs, first.to_string())];
     let mut peak = obs.active.capacity + obs.pending.capacity;
     let (mut traffic_steps, mut capacity_changes) = (0, 0);
     simulate(opts, &mut obs, |o, action| {
@@ -502,13 +524,7 @@ pub fn remaining(opts: &UpgradeOptions, obs: &Observed) -> Option<Remaining> {
         return None;
     }
     let start = obs.now;
-    let mut rest = Observed {
-        route_ready: true,
-        pending_capacity_ready: true,
-        active_capacity_ready: true,
-        pending_reachable: true,
-        ..*obs
-    };
+    let mut rest = ready_at_once(obs);
     let mut capacity_changes = 0;
     let finished = simulate(opts, &mut rest, |_, action| {
         capacity_changes += u32::from(matches!(action, Action::SetTargetCapacity { .. }));

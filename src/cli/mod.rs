@@ -3,6 +3,7 @@
 
 mod certs;
 mod controller;
+pub mod kubectl;
 mod logging;
 mod plan;
 mod shutdown;
@@ -81,6 +82,12 @@ pub enum CliError {
     Controller(#[from] rayshift_controller::Error),
     #[error("Kubernetes client: {0}")]
     Kube(String),
+    #[error("Kubernetes API: {0}")]
+    KubeApi(#[from] kube::Error),
+    #[error("watching: {0}")]
+    Watch(#[from] kube::runtime::watcher::Error),
+    #[error("YAML output: {0}")]
+    Yaml(#[from] yaml_serde::Error),
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -93,10 +100,14 @@ impl CliError {
             | CliError::Document { .. }
             | CliError::Api(_)
             | CliError::Json(_)
+            | CliError::Yaml(_)
             | CliError::Controller(rayshift_controller::Error::LeaseTiming(_)) => EXIT_UNREADABLE,
-            CliError::Webhook(_) | CliError::Controller(_) | CliError::Kube(_) | CliError::Runtime(_) => {
-                EXIT_RUNTIME
-            }
+            CliError::Webhook(_)
+            | CliError::Controller(_)
+            | CliError::Kube(_)
+            | CliError::KubeApi(_)
+            | CliError::Watch(_)
+            | CliError::Runtime(_) => EXIT_RUNTIME,
         }
     }
 }

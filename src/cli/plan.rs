@@ -88,7 +88,10 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
             println!("{}", serde_json::to_string_pretty(&json)?)
         }
         Output::Text => {
-            print_table(&name, &opts, &plan);
+            print!(
+                "{}",
+                table(&format!("Incremental upgrade of {name}"), &opts, &plan)
+            );
             println!(
                 "expected duration: {expected}s ({} capacity changes, {}s each to run their replicas)",
                 plan.capacity_changes, args.capacity_wait_seconds
@@ -113,29 +116,37 @@ fn opts_class(rs: &rayshift_api::RayService) -> &str {
         .unwrap_or("")
 }
 
-fn print_table(name: &str, opts: &UpgradeOptions, plan: &Plan) {
-    println!(
-        "Incremental upgrade of {name}: maxSurgePercent {}, stepSizePercent {}, intervalSeconds {}, drain {}s \
+/// The plan as a table under `heading`, with the options it was made with.
+pub(super) fn table(heading: &str, opts: &UpgradeOptions, plan: &Plan) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{heading}: maxSurgePercent {}, stepSizePercent {}, intervalSeconds {}, drain {}s \
          before a cluster without traffic goes to capacity 0",
         opts.max_surge_percent,
         opts.step_size_percent,
         opts.interval.as_secs(),
         opts.drain.as_secs()
     );
-    println!(
+    let _ = writeln!(
+        out,
         "{:>8}  {:>15}  {:>16}  {:>14}  {:>15}  action",
         "time", "active capacity", "pending capacity", "active traffic", "pending traffic"
     );
     for s in &plan.steps {
-        println!(
+        let _ = writeln!(
+            out,
             "{:>7}s  {:>14}%  {:>15}%  {:>13}%  {:>14}%  {}",
             s.t_seconds, s.active_capacity, s.pending_capacity, s.active_traffic, s.pending_traffic, s.action
         );
     }
-    println!("peak total capacity: {}%", plan.peak_total_capacity);
-    println!("traffic steps: {}", plan.traffic_steps);
-    println!(
+    let _ = writeln!(out, "peak total capacity: {}%", plan.peak_total_capacity);
+    let _ = writeln!(out, "traffic steps: {}", plan.traffic_steps);
+    let _ = writeln!(
+        out,
         "minimum duration: {}s (clusters ready at once)",
         plan.min_duration_seconds
     );
+    out
 }

@@ -195,6 +195,42 @@ impl Env {
         .await;
     }
 
+    /// `kubectl rayshift ARGS -n NS`, through the real kubectl: the rayshift binary is on PATH as
+    /// `kubectl-rayshift`, as krew installs it.
+    pub fn kubectl_rayshift(&self, args: &[&str]) -> std::process::Command {
+        let plugins = self.cp.dir.join("plugins");
+        std::fs::create_dir_all(&plugins).unwrap();
+        let link = plugins.join("kubectl-rayshift");
+        if !link.exists() {
+            std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_rayshift"), &link).unwrap();
+        }
+        let path = format!(
+            "{}:{}",
+            plugins.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut command = std::process::Command::new(super::cluster::kubectl());
+        command
+            .env("PATH", path)
+            .env("KUBECONFIG", &self.cp.kubeconfig)
+            .arg("rayshift")
+            .args(args)
+            .args(["-n", &self.ns]);
+        command
+    }
+
+    /// Runs `kubectl rayshift ARGS`; its stdout, after checking it succeeded.
+    pub fn rayshift_plugin(&self, args: &[&str]) -> String {
+        let out = self.kubectl_rayshift(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl rayshift {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn observe(&self, surge: i64) -> Observer {
         Observer::start(
             self.client.clone(),

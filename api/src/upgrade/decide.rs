@@ -615,3 +615,35 @@ impl Notice {
         }
     }
 }
+
+/// The planner's view of a running upgrade from its status alone, readiness assumed as a plan assumes it (for
+/// `kubectl rayshift`, which sees no dashboard); `None` when no upgrade runs.
+pub fn observed_in_status(status: &RayServiceStatuses, control: Control, now: Timestamp) -> Option<Observed> {
+    let named = |s: &Option<ClusterServiceStatus>| s.as_ref().is_some_and(|s| s.ray_cluster_name.is_some());
+    if !named(&status.active_service_status) || !named(&status.pending_service_status) {
+        return None;
+    }
+    let rolling_back = status.progress.upgrade_abort.is_some()
+        || status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == conditions::ROLLBACK_IN_PROGRESS && c.status == "True");
+    Some(Observed {
+        active: Levels::from_status(status.active_service_status.as_ref(), Role::Active),
+        pending: Levels::from_status(status.pending_service_status.as_ref(), Role::Pending),
+        last_traffic_step: last_step_time(status),
+        direction: if rolling_back {
+            Direction::Rollback
+        } else {
+            Direction::Forward
+        },
+        route_ready: true,
+        pending_capacity_ready: true,
+        active_capacity_ready: true,
+        pending_reachable: true,
+        paused: control == Control::Pause,
+        hurry: control == Control::Promote,
+        now,
+    })
+}
