@@ -197,3 +197,305 @@ async fn the_controller_needs_nothing_beyond_its_cluster_role() {
         "RBAC denied something:\n{logs}"
     );
 }
+
+/// The Helm chart (built from Helm's Go module by tests/env/helm.sh).
+fn helm(cp: &support::cluster::ControlPlane, args: &[&str]) -> std::process::Output {
+    let bin = std::process::Command::new("bash")
+        .arg(repo().join("tests/env/helm.sh"))
+        .arg("bin")
+        .output()
+        .unwrap();
+    let dir = String::from_utf8_lossy(&bin.stdout).trim().to_string();
+    std::process::Command::new(format!("{dir}/helm"))
+        .arg("--kubeconfig")
+        .arg(&cp.kubeconfig)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn succeeded(out: &std::process::Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Rendered objects by (kind, name).
+fn objects(yaml: &str) -> std::collections::BTreeMap<(String, String), serde_json::Value> {
+    yaml_serde::Deserializer::from_str(yaml)
+        .map(|doc| <serde_json::Value as serde::Deserialize>::deserialize(doc).unwrap())
+        .filter(|o| !o.is_null())
+        .map(|o| {
+            let key = (
+                o["kind"].as_str().unwrap().to_string(),
+                o["metadata"]["name"].as_str().unwrap().to_string(),
+            );
+            (key, o)
+        })
+        .collect()
+}
+
+fn chart() -> String {
+    repo().join("charts/rayshift").to_string_lossy().into_owned()
+}
+
+/// The chart's defaults render exactly what the kustomize production install applies (but the Namespace,
+/// which `helm install --create-namespace` makes); its values switch modes and certificates.
+#[test]
+fn helm_chart_renders_what_kustomize_installs() {
+    let cp = control_plane_with_kuberay();
+    succeeded(&helm(cp, &["lint", "--strict", &chart()]), "helm lint");
+    let rendered = succeeded(
+        &helm(cp, &["template", "rayshift", &chart(), "-n", "rayshift-system"]),
+        "helm template",
+    );
+    let kustomized = std::process::Command::new(support::cluster::kubectl())
+        .arg("kustomize")
+        .arg(repo().join("manifests"))
+        .output()
+        .unwrap();
+    let mut want = objects(&succeeded(&kustomized, "kubectl kustomize"));
+    want.remove(&("Namespace".to_string(), "rayshift-system".to_string()));
+    let got = objects(&rendered);
+    assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+    for (key, object) in &want {
+        assert_eq!(
+            &got[key], object,
+            "{key:?} differs between the chart and kustomize"
+        );
+    }
+
+    let args = |set: &str| {
+        let out = helm(cp, &["template", "r", &chart(), "-n", "x", "--set", set]);
+        let objects = objects(&succeeded(&out, set));
+        objects[&("Deployment".to_string(), "rayshift".to_string())]["spec"]["template"]["spec"]["containers"]
+            [0]["args"]
+            .clone()
+    };
+    let webhook_only = args("mode=webhook");
+    assert_eq!(webhook_only[0], "webhook", "{webhook_only}");
+    assert!(
+        !webhook_only.to_string().contains("--leader-elect"),
+        "{webhook_only}"
+    );
+    assert!(
+        args("mode=reconcile")
+            .to_string()
+            .contains("\"--mode=reconcile\"")
+    );
+    let bad = helm(cp, &["template", "r", &chart(), "--set", "mode=everything"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("mode must be webhook, observe or reconcile"));
+
+    // Self-signed: the Secret's CA is the one both webhook configurations trust; no cert-manager object.
+    let out = helm(
+        cp,
+        &[
+            "template",
+            "r",
+            &chart(),
+            "-n",
+            "x",
+            "--set",
+            "certificates.source=self-signed",
+        ],
+    );
+    let signed = objects(&succeeded(&out, "self-signed"));
+    let ca = signed[&("Secret".to_string(), "rayshift-webhook-tls".to_string())]["data"]["ca.crt"].clone();
+    assert!(ca.as_str().is_some_and(|c| c.len() > 100), "{ca}");
+    for config in ["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"] {
+        let key = (
+            config.to_string(),
+            format!("rayshift-{}", &config[..config.len() - 20].to_lowercase()),
+        );
+        assert_eq!(
+            signed[&key]["webhooks"][0]["clientConfig"]["caBundle"], ca,
+            "{key:?}"
+        );
+    }
+    assert!(
+        !signed
+            .keys()
+            .any(|(kind, _)| kind == "Certificate" || kind == "Issuer")
+    );
+
+    // What installs without cert-manager and the Prometheus Operator passes the apiserver's own checks.
+    system_namespace(cp);
+    let plain = helm(
+        cp,
+        &[
+            "template",
+            "rayshift",
+            &chart(),
+            "-n",
+            "rayshift-system",
+            "--set",
+            "certificates.source=self-signed",
+            "--set",
+            "metrics.serviceMonitor.enabled=false",
+        ],
+    );
+    let applied = cp.kubectl_stdin(
+        &["apply", "--dry-run=server", "-f", "-"],
+        &succeeded(&plain, "helm template"),
+    );
+    for kind in [
+        "deployment.apps/rayshift",
+        "secret/rayshift-webhook-tls",
+        "configmap/rayshift-grafana-dashboard",
+    ] {
+        assert!(
+            applied.contains(kind) && applied.contains("(server dry run)"),
+            "{kind}:\n{applied}"
+        );
+    }
+}
+
+/// `helm install` on the test control plane (the real scheduler, kwok's node): the release's Deployment
+/// becomes Available, and the certificate Helm generated serves TLS in the real webhook for the Service's
+/// name, trusted through the CA the webhook configurations carry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_becomes_ready() {
+    let cp = control_plane_with_kuberay();
+    let ns = "rayshift-helm";
+    let out = helm(
+        cp,
+        &[
+            "install",
+            "rayshift",
+            &chart(),
+            "-n",
+            ns,
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "180s",
+            "--set",
+            "fullnameOverride=rayshift-helm",
+            "--set",
+            "certificates.source=self-signed",
+            "--set",
+            "metrics.serviceMonitor.enabled=false",
+            // Reviews nothing the other tests create: no namespace carries this label.
+            "--set",
+            "webhook.namespaceSelector.matchLabels.rayshift-helm-test=on",
+        ],
+    );
+    succeeded(&out, "helm install");
+    let available = cp.kubectl(&[
+        "get",
+        "deployment",
+        "rayshift-helm",
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.status.availableReplicas}",
+    ]);
+    assert_eq!(available, "2");
+    let status = succeeded(&helm(cp, &["status", "rayshift", "-n", ns]), "helm status");
+    assert!(status.contains("STATUS: deployed"), "{status}");
+
+    let secret = |key: &str| {
+        let b64 = cp.kubectl(&[
+            "get",
+            "secret",
+            "rayshift-helm-webhook-tls",
+            "-n",
+            ns,
+            "-o",
+            &format!("jsonpath={{.data.{}}}", key.replace('.', "\\.")),
+        ]);
+        let decoded = std::process::Command::new("base64")
+            .arg("-d")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(b64.as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        decoded.stdout
+    };
+    let certs = tempfile::tempdir().unwrap();
+    for file in ["tls.crt", "tls.key", "ca.crt"] {
+        std::fs::write(certs.path().join(file), secret(file)).unwrap();
+    }
+    let ca_bundle = cp.kubectl(&[
+        "get",
+        "validatingwebhookconfiguration",
+        "rayshift-helm-validating",
+        "-o",
+        "jsonpath={.webhooks[0].clientConfig.caBundle}",
+    ]);
+    let ca_b64 = cp.kubectl(&[
+        "get",
+        "secret",
+        "rayshift-helm-webhook-tls",
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.data.ca\\.crt}",
+    ]);
+    assert!(!ca_bundle.is_empty());
+    assert_eq!(
+        ca_bundle, ca_b64,
+        "the webhook configuration trusts another CA than the Secret's"
+    );
+    let webhook = support::webhook::WebhookProcess::start(certs.path(), &[]);
+    let port = webhook.url("").rsplit(':').next().unwrap().to_string();
+    let host = format!("rayshift-helm-webhook.{ns}.svc");
+    let client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&secret("ca.crt")).unwrap())
+        .resolve(&host, format!("127.0.0.1:{port}").parse().unwrap())
+        .build()
+        .unwrap();
+    let review = support::webhook::admission_review(
+        "CREATE",
+        Some(
+            &json!({"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "x"}, "spec": {}}),
+        ),
+        None,
+    );
+    let answer = client
+        .post(format!("https://{host}:{port}/validate-ray-io-v1-rayservice"))
+        .json(&review)
+        .send()
+        .await
+        .expect("TLS with Helm's certificate, trusted through its CA");
+    assert!(answer.status().is_success(), "{answer:?}");
+    // An upgrade keeps the certificate (Helm's lookup of the Secret): running Pods keep being trusted.
+    let upgrade = helm(
+        cp,
+        &[
+            "upgrade",
+            "rayshift",
+            &chart(),
+            "-n",
+            ns,
+            "--reuse-values",
+            "--wait",
+        ],
+    );
+    succeeded(&upgrade, "helm upgrade");
+    let ca_after = cp.kubectl(&[
+        "get",
+        "secret",
+        "rayshift-helm-webhook-tls",
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.data.ca\\.crt}",
+    ]);
+    assert_eq!(ca_after, ca_b64, "helm upgrade replaced the CA");
+    succeeded(
+        &helm(cp, &["uninstall", "rayshift", "-n", ns, "--wait"]),
+        "helm uninstall",
+    );
+}
