@@ -20,6 +20,9 @@ bash tests/env/kuberay.sh install
 step "Helm $(bash tests/env/helm.sh bin | sed 's|.*/helm-\([^/]*\)/bin|\1|'), from its Go module (built once, cached)"
 bash tests/env/helm.sh install
 
+step "Prometheus (Debian's package, unpacked once, cached)"
+bash tests/env/prometheus.sh install
+
 step "real Ray Serve test: ray[serve] venv, iproute2 (installed once, cached)"
 bash tests/env/ray.sh install
 ray_venv=$(bash tests/env/ray.sh venv)

@@ -828,8 +828,7 @@ async fn check_dashboard_against(controller_scrape: &str, controller: &Controlle
         env!("CARGO_MANIFEST_DIR")
     );
     let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let mut queries = Vec::new();
-    collect_queries(&dashboard, &mut queries);
+    let queries = support::prometheus::dashboard_queries();
     assert!(queries.len() >= 20, "{queries:?}");
     let mut missing = Vec::new();
     for q in &queries {
@@ -863,21 +862,6 @@ async fn check_dashboard_against(controller_scrape: &str, controller: &Controlle
                 .any(|p| p["title"] == panel),
             "{panel}"
         );
-    }
-}
-
-fn collect_queries(v: &Value, out: &mut Vec<String>) {
-    match v {
-        Value::Object(m) => {
-            for (k, v) in m {
-                match (k.as_str(), v) {
-                    ("expr" | "query" | "definition", Value::String(s)) => out.push(s.clone()),
-                    _ => collect_queries(v, out),
-                }
-            }
-        }
-        Value::Array(a) => a.iter().for_each(|v| collect_queries(v, out)),
-        _ => {}
     }
 }
 

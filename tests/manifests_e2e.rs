@@ -198,6 +198,19 @@ async fn the_controller_needs_nothing_beyond_its_cluster_role() {
     );
 }
 
+/// The alert rules ship twice, as a plain rules file and as a PrometheusRule: the same groups.
+#[test]
+fn the_prometheus_rule_carries_the_rules_file() {
+    let read = |path: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(repo().join(path)).unwrap();
+        yaml_serde::from_str(&text).unwrap()
+    };
+    let plain = read("manifests/monitoring/rayshift-alerts.rules.yaml");
+    let operator = read("manifests/monitoring/prometheusrule.yaml");
+    assert_eq!(operator["spec"], plain);
+    assert!(plain["groups"][0]["rules"].as_array().unwrap().len() >= 4);
+}
+
 /// The Helm chart (built from Helm's Go module by tests/env/helm.sh).
 fn helm(cp: &support::cluster::ControlPlane, args: &[&str]) -> std::process::Output {
     let bin = std::process::Command::new("bash")
@@ -336,6 +349,8 @@ fn helm_chart_renders_what_kustomize_installs() {
             "certificates.source=self-signed",
             "--set",
             "metrics.serviceMonitor.enabled=false",
+            "--set",
+            "metrics.prometheusRule.enabled=false",
         ],
     );
     let applied = cp.kubectl_stdin(
@@ -379,6 +394,8 @@ async fn helm_install_becomes_ready() {
             "certificates.source=self-signed",
             "--set",
             "metrics.serviceMonitor.enabled=false",
+            "--set",
+            "metrics.prometheusRule.enabled=false",
             // Reviews nothing the other tests create: no namespace carries this label.
             "--set",
             "webhook.namespaceSelector.matchLabels.rayshift-helm-test=on",

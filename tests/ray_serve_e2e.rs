@@ -31,9 +31,11 @@ use support::{
     controller::ControllerProcess,
     load::{GrpcLoad, Load, Response},
     observer::Observer,
+    prometheus::Prometheus,
     ray::{Call, RayHeads, replicas_at},
     status::{active, pending},
     traefik::{self, RouteWeights, TraefikGateway},
+    webhook::WebhookProcess,
 };
 
 const GATE: &str = "--feature-gates=RayServiceIncrementalUpgrade=true";
@@ -904,6 +906,14 @@ async fn grpc_moves_with_http_through_traefik() {
     let mut env = Env::new("realgrpc", DashboardRoute::Template).await;
     env.grpc = true;
     let first = env.deploy().await;
+    // A real Prometheus scrapes the controller and a webhook during the upgrade; afterwards every dashboard
+    // query and alert rule is evaluated by it.
+    let began = Instant::now();
+    let (webhook, _certs) = reviewing_webhook().await;
+    let prometheus = Prometheus::start(&[
+        ("rayshift", format!("127.0.0.1:{}", env.controller.metrics_port)),
+        ("rayshift-webhook", webhook.metrics_addr.to_string()),
+    ]);
     let address = env.gateway.grpc_address();
     env.eventually("v1 answering gRPC through Traefik", 30, || async {
         let probe = GrpcLoad::start(&address, 10, Duration::from_secs(2));
@@ -946,11 +956,85 @@ async fn grpc_moves_with_http_through_traefik() {
     if !server_errors.is_empty() {
         problems.push(format!("Traefik answered 5xx, by backend: {server_errors:?}"));
     }
+    problems.extend(evaluated_in_prometheus(&prometheus, &env.ns, began.elapsed()).await);
     let report = format!(
         "# gRPC and HTTP through Traefik, real Ray Serve\n\n| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) |\n|---|---|---|---|---|---|---|\n{}{}",
         env.summary, env.report
     );
     conclude(&env, problems, &report);
+}
+
+/// A `rayshift webhook` that has allowed one review and denied one (so its admission series exist).
+async fn reviewing_webhook() -> (WebhookProcess, tempfile::TempDir) {
+    let certs = tempfile::tempdir().unwrap();
+    support::webhook::generate_certs(certs.path(), false);
+    let webhook = WebhookProcess::start(certs.path(), &[]);
+    let client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&webhook.ca_pem()).unwrap())
+        .build()
+        .unwrap();
+    let allowed = rayservice("v1", false);
+    let mut denied = serde_json::to_value(&allowed).unwrap();
+    denied["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]["stepSizePercent"] = json!(0);
+    for object in [serde_json::to_value(&allowed).unwrap(), denied] {
+        let review = support::webhook::admission_review("CREATE", Some(&object), None);
+        let url = webhook.url("/validate-ray-io-v1-rayservice");
+        client.post(url).json(&review).send().await.unwrap();
+    }
+    (webhook, certs)
+}
+
+/// A dashboard query as PromQL: Grafana's variable query `label_values(M, L)` asks for the values of label L
+/// of the series M.
+fn promql(query: &str) -> String {
+    let grafana = query
+        .strip_prefix("label_values(")
+        .and_then(|q| q.strip_suffix(')'))
+        .and_then(|q| q.rsplit_once(','));
+    match grafana {
+        Some((metric, label)) => format!("count by ({}) ({metric})", label.trim()),
+        None => query.to_string(),
+    }
+}
+
+/// Every query of every Grafana panel returns data from the real Prometheus over the test's window, and every
+/// alert rule is evaluated without error on series that exist.
+async fn evaluated_in_prometheus(prometheus: &Prometheus, ns: &str, window: Duration) -> Vec<String> {
+    let seconds = window.as_secs() + 5;
+    let mut problems = Vec::new();
+    let queries = support::prometheus::dashboard_queries();
+    for query in &queries {
+        let expr = promql(&query.replace("$namespace", ns).replace("$rayservice", "llm"));
+        if prometheus.query_range(&expr, seconds).await.is_empty() {
+            problems.push(format!("dashboard query returned no data in Prometheus: {expr}"));
+        }
+    }
+    let rules = prometheus.rules().await;
+    assert!(rules.len() >= 4, "rules loaded: {rules:?}\n{}", prometheus.log());
+    for rule in &rules {
+        if rule["health"] != "ok" {
+            problems.push(format!(
+                "alert rule {} not evaluated: {}",
+                rule["name"], rule["lastError"]
+            ));
+        }
+        for name in support::prometheus::metric_names(rule["query"].as_str().unwrap_or_default()) {
+            if prometheus.query_range(&name, seconds).await.is_empty() {
+                problems.push(format!(
+                    "alert rule {} reads {name}, which has no series",
+                    rule["name"]
+                ));
+            }
+        }
+    }
+    println!(
+        "Prometheus: {} dashboard queries and {} alert rules evaluated over {seconds} s",
+        queries.len(),
+        rules.len()
+    );
+    problems
 }
 
 /// Prints the problems (first: a CI excerpt shows the start of the output), then the report, and fails on any.

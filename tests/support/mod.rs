@@ -9,6 +9,7 @@ pub mod kuberay;
 pub mod load;
 pub mod local_routes;
 pub mod observer;
+pub mod prometheus;
 pub mod ray;
 pub mod status;
 pub mod traefik;
