@@ -795,16 +795,9 @@ fn check_expected_completion(estimates: &[(jiff::Timestamp, jiff::Timestamp)], e
 /// Every metric the Grafana dashboard queries is one rayshift exports (a real scrape of the controller
 /// taken mid-upgrade, plus a real webhook's after a few reviews).
 async fn check_dashboard_against(controller_scrape: &str, controller: &ControllerProcess) {
-    use support::webhook::{WebhookProcess, admission_review, generate_certs};
-    let certs = tempfile::tempdir().unwrap();
-    generate_certs(certs.path(), false);
-    let webhook = WebhookProcess::start(certs.path(), &[]);
-    let client = reqwest::Client::builder()
-        .use_rustls_tls()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(reqwest::Certificate::from_pem(&webhook.ca_pem()).unwrap())
-        .build()
-        .unwrap();
+    use support::webhook::{WebhookProcess, admission_review};
+    let (webhook, _certs) = WebhookProcess::with_generated_certs();
+    let client = webhook.client();
     for object in [
         json!({"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "x"}, "spec": {"rayClusterConfig": {"headGroupSpec": {}}}}),
     ] {

@@ -29,6 +29,16 @@ fn system_namespace(cp: &support::cluster::ControlPlane) {
     });
 }
 
+/// `kubectl apply --dry-run=server` printed each of `objects` as applied in a server dry run.
+fn dry_run_applied(out: &str, objects: &[&str]) {
+    for object in objects {
+        assert!(
+            out.contains(object) && out.contains("(server dry run)"),
+            "{object} missing:\n{out}"
+        );
+    }
+}
+
 #[test]
 fn kustomization_passes_a_server_side_dry_run() {
     let cp = control_plane_with_kuberay();
@@ -42,18 +52,16 @@ fn kustomization_passes_a_server_side_dry_run() {
         "{}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for kind in [
-        "deployment.apps/rayshift",
-        "clusterrole.rbac.authorization.k8s.io/rayshift",
-        "validatingwebhookconfiguration.admissionregistration.k8s.io/rayshift-validating",
-        "configmap/rayshift-grafana-dashboard",
-        "service/rayshift-webhook",
-    ] {
-        assert!(
-            stdout.contains(kind) && stdout.contains("(server dry run)"),
-            "{kind} missing:\n{stdout}"
-        );
-    }
+    dry_run_applied(
+        &stdout,
+        &[
+            "deployment.apps/rayshift",
+            "clusterrole.rbac.authorization.k8s.io/rayshift",
+            "validatingwebhookconfiguration.admissionregistration.k8s.io/rayshift-validating",
+            "configmap/rayshift-grafana-dashboard",
+            "service/rayshift-webhook",
+        ],
+    );
     // The production kustomization renders (cert-manager and Prometheus Operator kinds included).
     let full = std::process::Command::new(support::cluster::kubectl())
         .args(["kustomize"])
@@ -253,6 +261,20 @@ fn objects(yaml: &str) -> std::collections::BTreeMap<(String, String), serde_jso
         .collect()
 }
 
+/// A field of the release's webhook TLS Secret, base64 as stored.
+fn tls_secret_field(cp: &support::cluster::ControlPlane, ns: &str, key: &str) -> String {
+    let path = format!("jsonpath={{.data.{}}}", key.replace('.', "\\."));
+    cp.kubectl(&[
+        "get",
+        "secret",
+        "rayshift-helm-webhook-tls",
+        "-n",
+        ns,
+        "-o",
+        &path,
+    ])
+}
+
 fn chart() -> String {
     repo().join("charts/rayshift").to_string_lossy().into_owned()
 }
@@ -358,16 +380,14 @@ fn helm_chart_renders_what_kustomize_installs() {
         &["apply", "--dry-run=server", "-f", "-"],
         &succeeded(&plain, "helm template"),
     );
-    for kind in [
-        "deployment.apps/rayshift",
-        "secret/rayshift-webhook-tls",
-        "configmap/rayshift-grafana-dashboard",
-    ] {
-        assert!(
-            applied.contains(kind) && applied.contains("(server dry run)"),
-            "{kind}:\n{applied}"
-        );
-    }
+    dry_run_applied(
+        &applied,
+        &[
+            "deployment.apps/rayshift",
+            "secret/rayshift-webhook-tls",
+            "configmap/rayshift-grafana-dashboard",
+        ],
+    );
 }
 
 /// `helm install` on the test control plane (the real scheduler, kwok's node): the release's Deployment
@@ -417,27 +437,9 @@ async fn helm_install_becomes_ready() {
     assert!(status.contains("STATUS: deployed"), "{status}");
 
     let secret = |key: &str| {
-        let b64 = cp.kubectl(&[
-            "get",
-            "secret",
-            "rayshift-helm-webhook-tls",
-            "-n",
-            ns,
-            "-o",
-            &format!("jsonpath={{.data.{}}}", key.replace('.', "\\.")),
-        ]);
-        let decoded = std::process::Command::new("base64")
-            .arg("-d")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write;
-                c.stdin.take().unwrap().write_all(b64.as_bytes())?;
-                c.wait_with_output()
-            })
-            .unwrap();
-        decoded.stdout
+        use base64::Engine;
+        let b64 = tls_secret_field(cp, ns, key);
+        base64::engine::general_purpose::STANDARD.decode(b64).unwrap()
     };
     let certs = tempfile::tempdir().unwrap();
     for file in ["tls.crt", "tls.key", "ca.crt"] {
@@ -450,15 +452,7 @@ async fn helm_install_becomes_ready() {
         "-o",
         "jsonpath={.webhooks[0].clientConfig.caBundle}",
     ]);
-    let ca_b64 = cp.kubectl(&[
-        "get",
-        "secret",
-        "rayshift-helm-webhook-tls",
-        "-n",
-        ns,
-        "-o",
-        "jsonpath={.data.ca\\.crt}",
-    ]);
+    let ca_b64 = tls_secret_field(cp, ns, "ca.crt");
     assert!(!ca_bundle.is_empty());
     assert_eq!(
         ca_bundle, ca_b64,
@@ -502,15 +496,7 @@ async fn helm_install_becomes_ready() {
         ],
     );
     succeeded(&upgrade, "helm upgrade");
-    let ca_after = cp.kubectl(&[
-        "get",
-        "secret",
-        "rayshift-helm-webhook-tls",
-        "-n",
-        ns,
-        "-o",
-        "jsonpath={.data.ca\\.crt}",
-    ]);
+    let ca_after = tls_secret_field(cp, ns, "ca.crt");
     assert_eq!(ca_after, ca_b64, "helm upgrade replaced the CA");
     succeeded(
         &helm(cp, &["uninstall", "rayshift", "-n", ns, "--wait"]),

@@ -966,15 +966,8 @@ async fn grpc_moves_with_http_through_traefik() {
 
 /// A `rayshift webhook` that has allowed one review and denied one (so its admission series exist).
 async fn reviewing_webhook() -> (WebhookProcess, tempfile::TempDir) {
-    let certs = tempfile::tempdir().unwrap();
-    support::webhook::generate_certs(certs.path(), false);
-    let webhook = WebhookProcess::start(certs.path(), &[]);
-    let client = reqwest::Client::builder()
-        .use_rustls_tls()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(reqwest::Certificate::from_pem(&webhook.ca_pem()).unwrap())
-        .build()
-        .unwrap();
+    let (webhook, certs) = WebhookProcess::with_generated_certs();
+    let client = webhook.client();
     let allowed = rayservice("v1", false);
     let mut denied = serde_json::to_value(&allowed).unwrap();
     denied["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]["stepSizePercent"] = json!(0);

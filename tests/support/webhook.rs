@@ -137,6 +137,23 @@ impl WebhookProcess {
         std::fs::read(self.dir.join("ca.crt")).unwrap()
     }
 
+    /// A webhook serving certificates `rayshift certs generate` made in a directory of its own (kept with it).
+    pub fn with_generated_certs() -> (Self, tempfile::TempDir) {
+        let certs = tempfile::tempdir().unwrap();
+        generate_certs(certs.path(), false);
+        (Self::start(certs.path(), &[]), certs)
+    }
+
+    /// An HTTPS client that trusts this webhook's CA and nothing else.
+    pub fn client(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&self.ca_pem()).unwrap())
+            .build()
+            .unwrap()
+    }
+
     /// The text of /metrics.
     pub fn metrics(&self) -> String {
         plain_http::text(&format!("http://{}/metrics", self.metrics_addr))
