@@ -318,3 +318,44 @@ fn duration_flags_refuse_what_they_cannot_honour() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The SLO checks a RayService names are listed with the plan (text and JSON), built-ins expanded.
+#[test]
+fn plan_lists_the_slo_checks() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validate/allowed-slo-checks.yaml");
+    let file = file.to_string_lossy();
+    let text = rayshift(&["plan", "-f", &file, "--capacity-wait-seconds", "30"]);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    for want in [
+        "SLO checks before each traffic step",
+        "serve-error-ratio",
+        "gpu-memory",
+        "< 0.95",
+        "Pause",
+        "expected duration:",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+    let json = rayshift(&["plan", "-f", &file, "-o", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let names: Vec<&str> = json["slo_checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "serve-error-ratio",
+            "serve-p99-latency-vs-active",
+            "serve-queued-per-replica",
+            "gpu-memory"
+        ]
+    );
+    assert!(
+        json["expected_duration_seconds"].as_f64().unwrap()
+            > json["min_duration_seconds"].as_f64().unwrap() - 1.0
+    );
+}

@@ -18,6 +18,7 @@ pub mod raycluster;
 pub mod rayservice;
 mod schema;
 pub mod serve_grpc;
+pub mod slo;
 pub mod upgrade;
 pub mod upgrade_control;
 pub mod validation;

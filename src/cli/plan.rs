@@ -6,6 +6,7 @@ use kube::ResourceExt;
 use rayshift_api::{
     UpgradeType, defaulting, documents,
     gateway_attachment::Attachment,
+    slo,
     upgrade::{self, Plan, UpgradeOptions},
     upgrade_control, validation,
 };
@@ -80,11 +81,13 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
     };
     let plan = upgrade::plan(&opts);
     let expected = plan.min_duration_seconds + plan.capacity_changes as f64 * args.capacity_wait_seconds;
+    let checks = slo::of(rs.annotations());
     match args.output {
         Output::Json => {
             let mut json = serde_json::to_value(&plan)?;
             json["traffic_entry"] = serde_json::Value::String(entry);
             json["expected_duration_seconds"] = serde_json::json!(expected);
+            json["slo_checks"] = serde_json::to_value(&checks)?;
             println!("{}", serde_json::to_string_pretty(&json)?)
         }
         Output::Text => {
@@ -97,9 +100,34 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
                 plan.capacity_changes, args.capacity_wait_seconds
             );
             println!("traffic enters through: {entry}");
+            print!("{}", slo_table(&checks));
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The SLO checks each traffic step waits for, one line each.
+pub(super) fn slo_table(checks: &[slo::SloCheck]) -> String {
+    if checks.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "SLO checks before each traffic step and while it settles ({}):\n",
+        slo::SLO_CHECKS_ANNOTATION
+    );
+    for c in checks {
+        out += &format!(
+            "  {}: ({}) {} {} over {}s, {} failures in a row → {:?}\n",
+            c.name,
+            c.query,
+            c.comparison.as_str(),
+            c.threshold,
+            c.window_seconds,
+            c.failure_limit,
+            c.on_failure
+        );
+    }
+    out
 }
 
 fn non_negative_seconds(text: &str) -> Result<f64, String> {

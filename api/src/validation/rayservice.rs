@@ -16,6 +16,7 @@ use crate::{
     gateway_attachment::{Attachment, HTTP_ROUTE_ANNOTATION},
     rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
     serve_grpc::grpc_port_in,
+    slo::{self, SLO_CHECKS_ANNOTATION},
     upgrade_control::{self, DRAIN_ANNOTATION, PROGRESS_DEADLINE_ANNOTATION},
 };
 
@@ -109,6 +110,7 @@ pub fn validate(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationCo
     let serve_config = serve_config::check(new.spec.serve_config_v2.as_deref(), incremental, &mut v);
     let grpc = serve_config.as_ref().and_then(grpc_port_in);
     gateway_attachment(new, annotations, incremental, grpc, &mut v);
+    slo_checks(annotations, incremental, &mut v);
     if let Some(old) = old {
         options_changed_mid_upgrade(new, old, &mut v);
     }
@@ -567,6 +569,28 @@ fn interval_against_deadline(
                  of that instant rolls the upgrade back"
             ),
         );
+    }
+}
+
+/// The SLO checks' annotation: its queries parse as PromQL, its numbers are sane, and it has an upgrade to gate.
+fn slo_checks(annotations: &BTreeMap<String, String>, incremental: bool, v: &mut Verdict) {
+    let Some(raw) = annotations.get(SLO_CHECKS_ANNOTATION) else {
+        return;
+    };
+    let field = format!("metadata.annotations[{SLO_CHECKS_ANNOTATION}]");
+    match slo::parse(raw) {
+        Err(problems) => {
+            for p in problems {
+                let at = format!("{field}{}", p.at);
+                v.error(FieldError::invalid(at, raw.as_str(), "slo-checks", p.message));
+            }
+        }
+        Ok(_) if !incremental => v.warn(
+            field,
+            "slo-checks-unused",
+            "SLO checks gate the traffic steps of NewClusterWithIncrementalUpgrade; this RayService's upgrades have none",
+        ),
+        Ok(_) => {}
     }
 }
 

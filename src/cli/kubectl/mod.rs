@@ -255,6 +255,9 @@ fn plan(rs: &RayService, output: Format) -> Result<String, CliError> {
     match output {
         Format::Json => Ok(serde_json::to_string_pretty(&plan)? + "\n"),
         Format::Yaml => Ok(yaml_serde::to_string(&plan)?),
-        Format::Text | Format::Wide => Ok(super::plan::table(&title, &opts, &plan)),
+        Format::Text | Format::Wide => {
+            let checks = rayshift_api::slo::of(rs.annotations());
+            Ok(super::plan::table(&title, &opts, &plan) + &super::plan::slo_table(&checks))
+        }
     }
 }

@@ -1,0 +1,377 @@
+//! SLO checks that gate an incremental upgrade's traffic steps (issue 17): PromQL queries against a Prometheus,
+//! each with a comparison, a threshold, an evaluation window and a failure limit, and what to do when it fails.
+//!
+//! They live in the annotation `rayshift.io/slo-checks` (KubeRay's CRD is installed unmodified, so the spec
+//! has no place for them): YAML or JSON, either `default` (the built-in set for Ray Serve's own metrics) or a
+//! list whose items are checks or the word `default`. Queries can use `{{cluster}}` (the pending cluster),
+//! `{{activeCluster}}`, `{{namespace}}`, `{{rayservice}}` and `{{window}}` (the check's window, e.g. `60s`).
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+/// The annotation naming a RayService's checks.
+pub const SLO_CHECKS_ANNOTATION: &str = "rayshift.io/slo-checks";
+
+/// What the query's value is compared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Comparison {
+    #[serde(rename = "<=")]
+    AtMost,
+    #[serde(rename = "<")]
+    Below,
+    #[serde(rename = ">=")]
+    AtLeast,
+    #[serde(rename = ">")]
+    Above,
+}
+
+impl Comparison {
+    pub fn holds(self, value: f64, threshold: f64) -> bool {
+        match self {
+            Comparison::AtMost => value <= threshold,
+            Comparison::Below => value < threshold,
+            Comparison::AtLeast => value >= threshold,
+            Comparison::Above => value > threshold,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Comparison::AtMost => "<=",
+            Comparison::Below => "<",
+            Comparison::AtLeast => ">=",
+            Comparison::Above => ">",
+        }
+    }
+}
+
+/// What a failed check does to the upgrade.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OnFailure {
+    /// Roll back to the active cluster (as an abort).
+    #[default]
+    Rollback,
+    /// Hold where it is until a person decides (`kubectl rayshift resume|abort`).
+    Pause,
+}
+
+/// One check.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SloCheck {
+    pub name: String,
+    pub query: String,
+    pub comparison: Comparison,
+    pub threshold: f64,
+    /// The query's `{{window}}`, and how long after a traffic step its data counts.
+    #[serde(default = "default_window")]
+    pub window_seconds: u32,
+    /// Failed evaluations in a row that the upgrade tolerates before acting.
+    #[serde(default = "default_failure_limit")]
+    pub failure_limit: u32,
+    #[serde(default)]
+    pub on_failure: OnFailure,
+}
+
+fn default_window() -> u32 {
+    60
+}
+
+fn default_failure_limit() -> u32 {
+    2
+}
+
+/// Bounds of the numbers a check takes.
+pub const WINDOW_SECONDS: std::ops::RangeInclusive<u32> = 10..=3600;
+pub const FAILURE_LIMIT: std::ops::RangeInclusive<u32> = 1..=100;
+
+/// The placeholders a query may use.
+pub const PLACEHOLDERS: [&str; 5] = ["cluster", "activeCluster", "namespace", "rayservice", "window"];
+
+/// Ray Serve's own metrics, as KubeRay's PodMonitor labels them (`ray_io_cluster` from the Pod's
+/// `ray.io/cluster`): the pending cluster's HTTP error ratio at most 1 %, its p99 latency at most 1.2 times the
+/// active cluster's, and its queued requests at most 10 per replica.
+pub fn built_in() -> Vec<SloCheck> {
+    let check = |name: &str, query: &str, comparison, threshold| SloCheck {
+        name: name.to_string(),
+        query: query.to_string(),
+        comparison,
+        threshold,
+        window_seconds: default_window(),
+        failure_limit: default_failure_limit(),
+        on_failure: OnFailure::Rollback,
+    };
+    vec![
+        check(
+            "serve-error-ratio",
+            r#"sum(rate(ray_serve_num_http_error_requests_total{ray_io_cluster="{{cluster}}"}[{{window}}])) / sum(rate(ray_serve_num_http_requests_total{ray_io_cluster="{{cluster}}"}[{{window}}]))"#,
+            Comparison::AtMost,
+            0.01,
+        ),
+        check(
+            "serve-p99-latency-vs-active",
+            r#"histogram_quantile(0.99, sum by (le) (rate(ray_serve_http_request_latency_ms_bucket{ray_io_cluster="{{cluster}}"}[{{window}}]))) / histogram_quantile(0.99, sum by (le) (rate(ray_serve_http_request_latency_ms_bucket{ray_io_cluster="{{activeCluster}}"}[{{window}}])))"#,
+            Comparison::AtMost,
+            1.2,
+        ),
+        check(
+            "serve-queued-per-replica",
+            r#"sum(ray_serve_deployment_queued_queries{ray_io_cluster="{{cluster}}"}) / clamp_min(sum(ray_serve_deployment_replica_healthy{ray_io_cluster="{{cluster}}"}), 1)"#,
+            Comparison::AtMost,
+            10.0,
+        ),
+    ]
+}
+
+/// An item of the annotation's list: a check, or `default` for the built-in set.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Item {
+    Word(String),
+    Check(Box<SloCheck>),
+}
+
+/// Why the annotation cannot be used, with where.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Problem {
+    /// Path below the annotation, e.g. `[0].query` (empty: the whole value).
+    pub at: String,
+    pub message: String,
+}
+
+impl Problem {
+    fn new(at: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            at: at.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The checks a RayService's annotations name: none when absent or malformed (admission reports that).
+pub fn of(annotations: &std::collections::BTreeMap<String, String>) -> Vec<SloCheck> {
+    annotations
+        .get(SLO_CHECKS_ANNOTATION)
+        .and_then(|raw| parse(raw).ok())
+        .unwrap_or_default()
+}
+
+/// The checks the annotation names, or every problem it has.
+pub fn parse(raw: &str) -> Result<Vec<SloCheck>, Vec<Problem>> {
+    let items: Vec<Item> = match raw.trim() {
+        "default" => return Ok(built_in()),
+        text => yaml_serde::from_str(text).map_err(|e| {
+            vec![Problem::new(
+                "",
+                format!("not `default` or a list of checks ({{name, query, comparison, threshold, windowSeconds, failureLimit, onFailure}} or `default`): {e}"),
+            )]
+        })?,
+    };
+    // Each check with the index of the item it came from (the built-ins are known good).
+    let mut checks: Vec<(usize, SloCheck)> = Vec::new();
+    let mut problems = Vec::new();
+    for (i, item) in items.into_iter().enumerate() {
+        match item {
+            Item::Word(w) if w == "default" => checks.extend(built_in().into_iter().map(|c| (i, c))),
+            Item::Word(w) => problems.push(Problem::new(
+                format!("[{i}]"),
+                format!("{w:?} is not a check; the only word is `default`"),
+            )),
+            Item::Check(c) => {
+                problems.extend(check_problems(i, &c));
+                checks.push((i, *c));
+            }
+        }
+    }
+    problems.extend(duplicate_names(&checks));
+    if problems.is_empty() {
+        Ok(checks.into_iter().map(|(_, c)| c).collect())
+    } else {
+        Err(problems)
+    }
+}
+
+fn check_problems(i: usize, c: &SloCheck) -> Vec<Problem> {
+    let mut out = Vec::new();
+    if !crate::validation::is_dns1123_label(&c.name) {
+        out.push(Problem::new(
+            format!("[{i}].name"),
+            "a lowercase DNS-1123 label (it names the check in conditions and events)",
+        ));
+    }
+    if let Err(e) = promql(&c.query) {
+        out.push(Problem::new(format!("[{i}].query"), e));
+    }
+    if !c.threshold.is_finite() {
+        out.push(Problem::new(format!("[{i}].threshold"), "a finite number"));
+    }
+    if !WINDOW_SECONDS.contains(&c.window_seconds) {
+        out.push(Problem::new(
+            format!("[{i}].windowSeconds"),
+            format!("{}..{} seconds", WINDOW_SECONDS.start(), WINDOW_SECONDS.end()),
+        ));
+    }
+    if !FAILURE_LIMIT.contains(&c.failure_limit) {
+        out.push(Problem::new(
+            format!("[{i}].failureLimit"),
+            format!(
+                "{}..{} failed evaluations in a row",
+                FAILURE_LIMIT.start(),
+                FAILURE_LIMIT.end()
+            ),
+        ));
+    }
+    out
+}
+
+fn duplicate_names(checks: &[(usize, SloCheck)]) -> Vec<Problem> {
+    let mut seen = BTreeSet::new();
+    checks
+        .iter()
+        .filter(|(_, c)| !seen.insert(c.name.as_str()))
+        .map(|(i, c)| Problem::new(format!("[{i}].name"), format!("{:?} names two checks", c.name)))
+        .collect()
+}
+
+/// The values a query's placeholders take.
+#[derive(Clone, Debug)]
+pub struct Bindings<'a> {
+    pub cluster: &'a str,
+    pub active_cluster: &'a str,
+    pub namespace: &'a str,
+    pub rayservice: &'a str,
+    pub window_seconds: u32,
+}
+
+/// The query with its placeholders filled in.
+pub fn render(query: &str, b: &Bindings<'_>) -> String {
+    query
+        .replace("{{cluster}}", b.cluster)
+        .replace("{{activeCluster}}", b.active_cluster)
+        .replace("{{namespace}}", b.namespace)
+        .replace("{{rayservice}}", b.rayservice)
+        .replace("{{window}}", &format!("{}s", b.window_seconds))
+}
+
+/// Whether the query is PromQL once its placeholders are filled in; else why not.
+fn promql(query: &str) -> Result<(), String> {
+    if query.trim().is_empty() {
+        return Err("a PromQL query is required".into());
+    }
+    let mut rest = query;
+    while let Some(start) = rest.find("{{") {
+        let end = rest[start..].find("}}").ok_or("an unclosed {{")?;
+        let name = &rest[start + 2..start + end];
+        if !PLACEHOLDERS.contains(&name) {
+            return Err(format!(
+                "unknown placeholder {{{{{name}}}}}; known: {}",
+                PLACEHOLDERS.map(|p| format!("{{{{{p}}}}}")).join(", ")
+            ));
+        }
+        rest = &rest[start + end + 2..];
+    }
+    let sample = Bindings {
+        cluster: "pending-cluster",
+        active_cluster: "active-cluster",
+        namespace: "default",
+        rayservice: "rayservice",
+        window_seconds: 60,
+    };
+    promql_parser::parser::parse(&render(query, &sample))
+        .map(|_| ())
+        .map_err(|e| format!("not PromQL: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_the_built_in_set_and_it_parses() {
+        let checks = parse("default").unwrap();
+        assert_eq!(checks, built_in());
+        assert_eq!(checks.len(), 3);
+        for c in &checks {
+            promql(&c.query).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_list_mixes_default_and_own_checks_with_their_defaults() {
+        let raw = r#"
+- default
+- name: gpu-memory
+  query: max(ray_node_gram_used{ray_io_cluster="{{cluster}}"}) / max(ray_node_gram_available{ray_io_cluster="{{cluster}}"})
+  comparison: "<"
+  threshold: 0.95
+  onFailure: pause
+"#;
+        let checks = parse(raw).unwrap();
+        assert_eq!(checks.len(), 4);
+        let own = &checks[3];
+        assert_eq!((own.window_seconds, own.failure_limit), (60, 2));
+        assert_eq!(own.on_failure, OnFailure::Pause);
+        assert!(own.comparison.holds(0.5, own.threshold));
+        assert!(!own.comparison.holds(0.95, own.threshold));
+    }
+
+    #[test]
+    fn every_problem_is_named_with_where_it_is() {
+        let raw = r#"[
+          {"name": "Bad Name", "query": "sum(rate(x[{{window}}]", "comparison": "<=", "threshold": 1},
+          {"name": "ok", "query": "x{c=\"{{pod}}\"}", "comparison": "<=", "threshold": 1, "windowSeconds": 5, "failureLimit": 0},
+          {"name": "ok", "query": "up", "comparison": ">=", "threshold": 1},
+          "sometimes"
+        ]"#;
+        let problems = parse(raw).unwrap_err();
+        let at: Vec<&str> = problems.iter().map(|p| p.at.as_str()).collect();
+        assert_eq!(
+            at,
+            [
+                "[0].name",
+                "[0].query",
+                "[1].query",
+                "[1].windowSeconds",
+                "[1].failureLimit",
+                "[3]",
+                "[2].name"
+            ],
+            "{problems:#?}"
+        );
+        assert!(problems[1].message.starts_with("not PromQL"), "{problems:#?}");
+        assert!(
+            problems[2].message.contains("unknown placeholder {{pod}}"),
+            "{problems:#?}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_comparisons_are_refused() {
+        let problems =
+            parse(r#"[{"name": "a", "query": "up", "comparison": "==", "threshold": 1}]"#).unwrap_err();
+        assert_eq!(problems[0].at, "");
+        assert!(
+            parse(r#"[{"name": "a", "query": "up", "comparison": "<=", "threshold": 1, "max": 2}]"#).is_err()
+        );
+    }
+
+    #[test]
+    fn placeholders_are_filled_in() {
+        let b = Bindings {
+            cluster: "llm-b",
+            active_cluster: "llm-a",
+            namespace: "ns",
+            rayservice: "llm",
+            window_seconds: 30,
+        };
+        assert_eq!(
+            render(
+                r#"a{c="{{cluster}}",o="{{activeCluster}}",n="{{namespace}}",r="{{rayservice}}"}[{{window}}]"#,
+                &b
+            ),
+            r#"a{c="llm-b",o="llm-a",n="ns",r="llm"}[30s]"#
+        );
+    }
+}
