@@ -261,6 +261,16 @@ fn objects(yaml: &str) -> std::collections::BTreeMap<(String, String), serde_jso
         .collect()
 }
 
+/// Values for a cluster without cert-manager and the Prometheus Operator (as the test control plane).
+const WITHOUT_OPERATORS: [&str; 6] = [
+    "--set",
+    "certificates.source=self-signed",
+    "--set",
+    "metrics.serviceMonitor.enabled=false",
+    "--set",
+    "metrics.prometheusRule.enabled=false",
+];
+
 /// A field of the release's webhook TLS Secret, base64 as stored.
 fn tls_secret_field(cp: &support::cluster::ControlPlane, ns: &str, key: &str) -> String {
     let path = format!("jsonpath={{.data.{}}}", key.replace('.', "\\."));
@@ -360,22 +370,13 @@ fn helm_chart_renders_what_kustomize_installs() {
 
     // What installs without cert-manager and the Prometheus Operator passes the apiserver's own checks.
     system_namespace(cp);
-    let plain = helm(
-        cp,
-        &[
-            "template",
-            "rayshift",
-            &chart(),
-            "-n",
-            "rayshift-system",
-            "--set",
-            "certificates.source=self-signed",
-            "--set",
-            "metrics.serviceMonitor.enabled=false",
-            "--set",
-            "metrics.prometheusRule.enabled=false",
-        ],
-    );
+    let chart = chart();
+    let args = [
+        &["template", "rayshift", &chart, "-n", "rayshift-system"][..],
+        &WITHOUT_OPERATORS,
+    ]
+    .concat();
+    let plain = helm(cp, &args);
     let applied = cp.kubectl_stdin(
         &["apply", "--dry-run=server", "-f", "-"],
         &succeeded(&plain, "helm template"),
@@ -411,16 +412,14 @@ async fn helm_install_becomes_ready() {
             "180s",
             "--set",
             "fullnameOverride=rayshift-helm",
-            "--set",
-            "certificates.source=self-signed",
-            "--set",
-            "metrics.serviceMonitor.enabled=false",
-            "--set",
-            "metrics.prometheusRule.enabled=false",
             // Reviews nothing the other tests create: no namespace carries this label.
             "--set",
             "webhook.namespaceSelector.matchLabels.rayshift-helm-test=on",
-        ],
+        ]
+        .iter()
+        .chain(&WITHOUT_OPERATORS)
+        .copied()
+        .collect::<Vec<_>>(),
     );
     succeeded(&out, "helm install");
     let available = cp.kubectl(&[
