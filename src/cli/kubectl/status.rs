@@ -183,17 +183,16 @@ fn traffic_step(
         return None;
     }
     let plan = upgrade::plan(&opts);
-    let moves = plan
+    // A traffic step is a row whose weights differ from the row before (not a match on the row's wording).
+    let done = plan
         .steps
-        .iter()
-        .filter(|s| s.action.starts_with("route traffic"));
-    let done = moves
-        .clone()
-        .filter(|s| s.pending_traffic <= obs.pending.traffic)
+        .windows(2)
+        .filter(|w| w[1].pending_traffic != w[0].pending_traffic)
+        .filter(|w| w[1].pending_traffic <= obs.pending.traffic)
         .count();
     Some(Step {
         done,
-        total: moves.count(),
+        total: plan.traffic_steps,
     })
 }
 
