@@ -11,6 +11,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    slo::Outcome,
     upgrade::Direction,
     upgrade_control::{self, Control},
 };
@@ -34,9 +35,26 @@ pub struct UpgradeProgress {
     /// When the running upgrade should end (`upgrade::expected_completion`), recomputed at each of its steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade_expected_completion_time: Option<Timestamp>,
-    /// Why the running upgrade is rolling back, when a user or the deadline said so.
+    /// Why the running upgrade is rolling back, when a user, the deadline or an SLO check said so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade_abort: Option<Abort>,
+    /// The last evaluation of each SLO check (`rayshift.io/slo-checks`) in the running upgrade.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slo_checks: Vec<SloCheckStatus>,
+}
+
+/// A check's last evaluation, and how many failed in a row.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SloCheckStatus {
+    pub name: String,
+    pub outcome: Outcome,
+    /// The value Prometheus returned, or why there was none.
+    pub value: String,
+    /// The query as sent, placeholders filled in.
+    pub query: String,
+    pub time: Timestamp,
+    pub failures: u32,
 }
 
 /// A rollback that sticks until it finishes.
@@ -54,6 +72,8 @@ pub enum AbortReason {
     UpgradeAborted,
     /// No progress within the progress deadline.
     ProgressDeadlineExceeded,
+    /// An SLO check with `onFailure: rollback` failed `failureLimit` times in a row.
+    SloCheckFailed,
 }
 
 impl AbortReason {
@@ -61,6 +81,7 @@ impl AbortReason {
         match self {
             AbortReason::UpgradeAborted => "UpgradeAborted",
             AbortReason::ProgressDeadlineExceeded => "ProgressDeadlineExceeded",
+            AbortReason::SloCheckFailed => "SloCheckFailed",
         }
     }
 }

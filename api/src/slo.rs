@@ -68,7 +68,10 @@ pub struct SloCheck {
     /// The query's `{{window}}`, and how long after a traffic step its data counts.
     #[serde(default = "default_window")]
     pub window_seconds: u32,
-    /// Failed evaluations in a row that the upgrade tolerates before acting.
+    /// How often it is evaluated while the pending cluster carries traffic.
+    #[serde(default = "default_interval")]
+    pub interval_seconds: u32,
+    /// Failed evaluations in a row that make the upgrade act (`onFailure`).
     #[serde(default = "default_failure_limit")]
     pub failure_limit: u32,
     #[serde(default)]
@@ -79,6 +82,10 @@ fn default_window() -> u32 {
     60
 }
 
+fn default_interval() -> u32 {
+    10
+}
+
 fn default_failure_limit() -> u32 {
     2
 }
@@ -86,6 +93,7 @@ fn default_failure_limit() -> u32 {
 /// Bounds of the numbers a check takes.
 pub const WINDOW_SECONDS: std::ops::RangeInclusive<u32> = 10..=3600;
 pub const FAILURE_LIMIT: std::ops::RangeInclusive<u32> = 1..=100;
+pub const INTERVAL_SECONDS: std::ops::RangeInclusive<u32> = 1..=3600;
 
 /// The placeholders a query may use.
 pub const PLACEHOLDERS: [&str; 5] = ["cluster", "activeCluster", "namespace", "rayservice", "window"];
@@ -100,6 +108,7 @@ pub fn built_in() -> Vec<SloCheck> {
         comparison,
         threshold,
         window_seconds: default_window(),
+        interval_seconds: default_interval(),
         failure_limit: default_failure_limit(),
         on_failure: OnFailure::Rollback,
     };
@@ -213,6 +222,12 @@ fn check_problems(i: usize, c: &SloCheck) -> Vec<Problem> {
             format!("{}..{} seconds", WINDOW_SECONDS.start(), WINDOW_SECONDS.end()),
         ));
     }
+    if !INTERVAL_SECONDS.contains(&c.interval_seconds) {
+        out.push(Problem::new(
+            format!("[{i}].intervalSeconds"),
+            format!("{}..{} seconds", INTERVAL_SECONDS.start(), INTERVAL_SECONDS.end()),
+        ));
+    }
     if !FAILURE_LIMIT.contains(&c.failure_limit) {
         out.push(Problem::new(
             format!("[{i}].failureLimit"),
@@ -233,6 +248,74 @@ fn duplicate_names(checks: &[(usize, SloCheck)]) -> Vec<Problem> {
         .filter(|(_, c)| !seen.insert(c.name.as_str()))
         .map(|(i, c)| Problem::new(format!("[{i}].name"), format!("{:?} names two checks", c.name)))
         .collect()
+}
+
+/// What Prometheus answered for a check's query.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reading {
+    Value(f64),
+    /// An empty result, or NaN (0/0: no requests in the window).
+    NoData,
+    /// Prometheus was not reachable, not configured, or refused the query (why, as it said).
+    Unavailable(String),
+}
+
+/// A check's verdict on one reading. Only `Pass` lets traffic move; only `Fail` counts towards the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Outcome {
+    Pass,
+    Fail,
+    NoData,
+    Unavailable,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Pass => "pass",
+            Outcome::Fail => "fail",
+            Outcome::NoData => "no_data",
+            Outcome::Unavailable => "unavailable",
+        }
+    }
+}
+
+impl SloCheck {
+    pub fn outcome(&self, reading: &Reading) -> Outcome {
+        match reading {
+            Reading::Value(v) if v.is_nan() => Outcome::NoData,
+            Reading::Value(v) if self.comparison.holds(*v, self.threshold) => Outcome::Pass,
+            Reading::Value(_) => Outcome::Fail,
+            Reading::NoData => Outcome::NoData,
+            Reading::Unavailable(_) => Outcome::Unavailable,
+        }
+    }
+
+    /// What it wants, e.g. `<= 0.01`.
+    pub fn wanted(&self) -> String {
+        format!("{} {}", self.comparison.as_str(), self.threshold)
+    }
+}
+
+impl Reading {
+    /// The value as the status and events show it, or why there is none.
+    pub fn shown(&self) -> String {
+        match self {
+            Reading::Value(v) if v.is_nan() => "NaN (no data)".to_string(),
+            Reading::Value(v) => format!("{v}"),
+            Reading::NoData => "no data".to_string(),
+            Reading::Unavailable(why) => format!("unavailable: {why}"),
+        }
+    }
+}
+
+/// One check evaluated by the controller: the query it sent and what came back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evaluation {
+    pub check: String,
+    pub query: String,
+    pub reading: Reading,
 }
 
 /// The values a query's placeholders take.

@@ -156,6 +156,8 @@ pub enum WaitReason {
     /// A cluster whose traffic just went to 0 keeps its replicas until the drain time has passed.
     Draining,
     Paused,
+    /// A forward traffic step waits for every SLO check to pass on data from after the last step.
+    SloChecks,
 }
 
 impl WaitReason {
@@ -168,6 +170,7 @@ impl WaitReason {
             WaitReason::ActiveCapacityNotReady => "WaitingForActiveCapacity",
             WaitReason::Draining => "Draining",
             WaitReason::Paused => "Paused",
+            WaitReason::SloChecks => "WaitingForSloChecks",
         }
     }
 }
@@ -570,6 +573,7 @@ pub fn describe(action: Action) -> String {
 }
 
 pub mod decide;
+pub mod slo_gate;
 pub use decide::{StepDecision, decide};
 
 #[cfg(test)]

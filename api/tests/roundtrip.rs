@@ -134,6 +134,14 @@ fn the_reconcile_component_keeps_every_progress_field() {
             message: "m".into(),
             time: t,
         }),
+        slo_checks: vec![rayshift_api::progress::SloCheckStatus {
+            name: "errors".into(),
+            outcome: rayshift_api::slo::Outcome::Fail,
+            value: "0.5".into(),
+            query: "q".into(),
+            time: t,
+            failures: 1,
+        }],
     };
     let mut fields: Vec<String> = serde_json::to_value(&full)
         .unwrap()

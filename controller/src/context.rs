@@ -72,6 +72,8 @@ pub struct ControllerOptions {
     pub serve_health_url_template: String,
     /// RayServices reconciled at once (0: no bound).
     pub concurrency: u16,
+    /// The Prometheus that evaluates SLO checks.
+    pub prometheus_url: Option<String>,
 }
 
 /// A pass mostly waits on the apiserver and dashboards, so a few per core keep two cores busy; unbounded,
@@ -94,6 +96,7 @@ impl Default for ControllerOptions {
             serve_health_interval: Duration::from_secs(10),
             serve_health_url_template: dashboard::DEFAULT_HEALTH_URL_TEMPLATE.to_string(),
             concurrency: DEFAULT_CONCURRENCY,
+            prometheus_url: None,
         }
     }
 }
@@ -124,6 +127,8 @@ pub struct Context {
     pub(crate) caches: Option<Caches>,
     /// Checks settled RayServices between their passes.
     pub(crate) health: Arc<HealthTimer>,
+    /// Evaluates SLO checks; `None` without `--prometheus-url` (checks then never pass).
+    pub(crate) prometheus: Option<crate::slo::Prometheus>,
 }
 
 /// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
@@ -253,7 +258,13 @@ impl Context {
             leading: None,
             caches: None,
             health,
+            prometheus: None,
         }
+    }
+
+    pub fn with_prometheus(mut self, prometheus: Option<crate::slo::Prometheus>) -> Self {
+        self.prometheus = prometheus;
+        self
     }
 
     /// Reads clusters and head Pods from these caches instead of the apiserver.

@@ -18,6 +18,7 @@ use rayshift_api::{
     cluster_spec::SPEC_HASH_ANNOTATION,
     gateway_attachment::Attachment,
     rayservice::RayServiceStatuses,
+    slo::{Bindings, Evaluation, Reading},
     upgrade::{
         self, CAPACITY_VERIFIED_READS, Levels, Role, StepDecision, UpgradeOptions,
         decide::{ClusterSeen, Effect, Observation, Settings, Tally},
@@ -55,9 +56,17 @@ pub struct Pass<'a> {
     pub now: Timestamp,
 }
 
+/// What a pass leaves for the reconcile that called it.
+pub struct Advanced {
+    /// When to come back.
+    pub wake: Option<Duration>,
+    /// An SLO check paused the upgrade: write the pause annotation once the status is written.
+    pub pause: bool,
+}
+
 /// Runs after the cluster lifecycle: observes, decides (pure), applies; edits `status` in place and returns
 /// when to come back.
-pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Option<Duration>> {
+pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Advanced> {
     let settings = settings(p)?;
     let attachment =
         Attachment::from_annotations(p.rs.annotations(), p.ns).map_err(Error::GatewayAttachment)?;
@@ -67,7 +76,8 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Op
     if attachment == Attachment::Owned {
         apply_gateway(p).await?;
     }
-    let seen = observe(p, &attachment, status).await?;
+    let mut seen = observe(p, &attachment, status).await?;
+    seen.slo = evaluate_slo_checks(p, &settings, &seen, status).await;
     // Decided at the instant it is applied (a step is stamped when traffic really moves), not when the pass
     // began.
     let mut decision = upgrade::decide(&seen, status, &settings, Timestamp::now());
@@ -89,7 +99,58 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Op
         None => decision.wake,
     };
     let until = |w: Timestamp| w.duration_since(Timestamp::now()).as_secs_f64().max(0.0);
-    Ok(wake.map(|w| Duration::from_secs_f64(until(w))))
+    Ok(Advanced {
+        wake: wake.map(|w| Duration::from_secs_f64(until(w))),
+        pause: decision.pause,
+    })
+}
+
+/// Asks Prometheus the SLO checks that are due (on the pending cluster, beside the active one), and counts
+/// their outcomes.
+async fn evaluate_slo_checks(
+    p: &Pass<'_>,
+    settings: &Settings,
+    seen: &Observation,
+    status: &RayServiceStatuses,
+) -> Vec<Evaluation> {
+    let due = upgrade::slo_gate::due(status, settings, seen.pending.as_ref(), Timestamp::now());
+    let (Some(active), Some(pending), false) = (&seen.active, &seen.pending, due.is_empty()) else {
+        return Vec::new();
+    };
+    let name = p.rs.name_any();
+    let bindings = Bindings {
+        cluster: &pending.name,
+        active_cluster: &active.name,
+        namespace: p.ns,
+        rayservice: &name,
+        window_seconds: 0,
+    };
+    let evaluations = crate::slo::evaluate(p.ctx.prometheus.as_ref(), &due, bindings).await;
+    for (check, e) in due.iter().zip(&evaluations) {
+        let value = match e.reading {
+            Reading::Value(v) => Some(v),
+            _ => None,
+        };
+        p.ctx
+            .metrics
+            .slo_evaluation(p.ns, &name, &check.name, check.outcome(&e.reading), value);
+    }
+    evaluations
+}
+
+/// Writes `rayshift.io/upgrade-control: pause`: an SLO check paused the upgrade, and a person resumes or
+/// aborts it as any pause (`kubectl rayshift resume|abort`).
+pub async fn pause(ctx: &Context, rs: &RayService) -> Result<()> {
+    let api: Api<RayService> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        upgrade_control::UPGRADE_CONTROL_ANNOTATION: "pause"
+    }}});
+    ctx.before_write("RayService", "patch")?;
+    let written = api
+        .patch(&rs.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    ctx.saw_version(&written);
+    Ok(())
 }
 
 /// What a decision counts, into the metrics.
@@ -118,6 +179,7 @@ fn settings(p: &Pass<'_>) -> Result<Settings> {
         control: upgrade_control::control(annotations),
         deadline: SignedDuration::from_secs(deadline),
         goal_digest: p.goal_spec.to_string(),
+        slo_checks: rayshift_api::slo::of(annotations),
         namespace: p.ns.to_string(),
         generation: p.rs.metadata.generation.unwrap_or_default(),
         serve_poll: duration(p.ctx.options.serve_poll_interval),
@@ -157,6 +219,7 @@ async fn observe(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatu
         pending: seen(p.pending, p.pending_serve, p.pending_serving, Role::Pending),
         route_ready: both
             && (p.ctx.options.skip_gateway_status_check || route_ready(p, attachment, status).await?),
+        slo: Vec::new(),
     })
 }
 

@@ -12,6 +12,7 @@ pub mod label_index;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;
+pub mod slo;
 
 use std::{sync::Arc, time::Duration};
 
@@ -272,8 +273,17 @@ async fn run_controller(
         options.serve_health_url_template.clone(),
         metrics.clone(),
     ));
+    let prometheus = options
+        .prometheus_url
+        .as_deref()
+        .map(|url| slo::Prometheus::new(url, config.dashboard_timeout))
+        .transpose()?;
     let ctx = Context::new(client.clone(), dashboard, options.clone(), metrics, health);
-    let ctx = Arc::new(ctx.with_leadership(leading).with_caches(caches));
+    let ctx = Arc::new(
+        ctx.with_leadership(leading)
+            .with_caches(caches)
+            .with_prometheus(prometheus),
+    );
     let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
     let forget_task = forget_deleted(api(&client, ns), ctx.clone(), config.readiness.clone());
     // The trigger streams fill the read caches: a change is in the store before it wakes a pass.

@@ -100,6 +100,8 @@ pub struct Metrics {
     capacity_changes: IntCounterVec,
     upgrade_duration: HistogramVec,
     step_wait: HistogramVec,
+    slo_evaluations: IntCounterVec,
+    slo_value: GaugeVec,
 }
 
 impl Metrics {
@@ -181,6 +183,16 @@ impl Metrics {
                 "Time between consecutive traffic steps of an upgrade.",
                 svc,
                 STEP_BUCKETS,
+            )?,
+            slo_evaluations: r.counters(
+                "rayshift_slo_check_evaluations_total",
+                "SLO check evaluations in incremental upgrades, by check and outcome: pass, fail, no_data, unavailable.",
+                &["namespace", "name", "check", "outcome"],
+            )?,
+            slo_value: r.gauges(
+                "rayshift_slo_check_value",
+                "The value of each SLO check's query at its last evaluation that returned one.",
+                &["namespace", "name", "check"],
             )?,
         };
         Ok(m)
@@ -345,6 +357,43 @@ impl Metrics {
         }
         let _ = self.traffic_steps.remove_label_values(&[ns, name]);
         let _ = self.step_wait.remove_label_values(&[ns, name]);
+        remove_service_series(&self.slo_evaluations, ns, name);
+        remove_service_series(&self.slo_value, ns, name);
+    }
+
+    /// One SLO check evaluated: its outcome counted, its value (when there is one) kept.
+    pub fn slo_evaluation(
+        &self,
+        ns: &str,
+        name: &str,
+        check: &str,
+        outcome: rayshift_api::slo::Outcome,
+        value: Option<f64>,
+    ) {
+        self.slo_evaluations
+            .with_label_values(&[ns, name, check, outcome.as_str()])
+            .inc();
+        if let Some(v) = value {
+            self.slo_value.with_label_values(&[ns, name, check]).set(v);
+        }
+    }
+}
+
+/// Drops the series of one RayService from a family whose other labels (a check's name) are not known here.
+fn remove_service_series<T: prometheus::core::MetricVecBuilder>(
+    family: &prometheus::core::MetricVec<T>,
+    ns: &str,
+    name: &str,
+) {
+    use prometheus::core::Collector;
+    for f in family.collect() {
+        for m in f.get_metric() {
+            let labels: std::collections::HashMap<&str, &str> =
+                m.get_label().iter().map(|l| (l.name(), l.value())).collect();
+            if labels.get("namespace") == Some(&ns) && labels.get("name") == Some(&name) {
+                let _ = family.remove(&labels);
+            }
+        }
     }
 }
 

@@ -460,8 +460,8 @@ async fn settle_status(
     {
         tracing::debug!(note = %s.head_message, "head not ready");
     }
-    let incremental_wake = match seen.incremental {
-        true => advance_upgrade(rs, ctx, seen, decision, &mut status, now).await?,
+    let advanced = match seen.incremental {
+        true => Some(advance_upgrade(rs, ctx, seen, decision, &mut status, now).await?),
         false => None,
     };
     ctx.metrics
@@ -469,6 +469,11 @@ async fn settle_status(
     if conditions::status_changed(Some(previous), &status) {
         write_status(rs, ctx, &status).await?;
     }
+    // After the status: the annotation changes the resourceVersion the status write is checked against.
+    if advanced.as_ref().is_some_and(|a| a.pause) {
+        crate::incremental::pause(ctx, rs).await?;
+    }
+    let incremental_wake = advanced.and_then(|a| a.wake);
     if let Some(problem) = &dashboard_problem {
         tell_dashboard_problem(rs, ctx, previous, problem).await;
     }
@@ -486,7 +491,7 @@ async fn advance_upgrade(
     decision: &Decision,
     status: &mut RayServiceStatuses,
     now: Timestamp,
-) -> Result<Option<Duration>> {
+) -> Result<crate::incremental::Advanced> {
     let (a, p) = (seen.cluster(&decision.active), seen.cluster(&decision.pending));
     fn serve(s: Option<&Seen>) -> Option<&ServeStatus> {
         s.filter(|s| s.head_ready).and_then(|s| s.serve.as_ref())

@@ -47,6 +47,11 @@ pub struct ControllerArgs {
     /// Reach dashboards (and head Pods' Serve proxies) through the apiserver's proxy instead.
     #[arg(long)]
     use_kubernetes_proxy: bool,
+    /// Prometheus server (its root URL, e.g. http://prometheus.monitoring:9090) that evaluates RayServices'
+    /// SLO checks (rayshift.io/slo-checks). Without it, a RayService with checks takes no traffic step after
+    /// its first.
+    #[arg(long, value_parser = http_url)]
+    prometheus_url: Option<String>,
     /// Timeout of one Ray dashboard request.
     #[arg(long, default_value = "2", value_parser = duration_at_least(0.1))]
     dashboard_timeout_seconds: Duration,
@@ -112,6 +117,7 @@ impl ControllerArgs {
             serve_health_url_template: self.serve_health_url_template.clone(),
             serve_health_interval: self.serve_health_interval_seconds,
             concurrency: self.concurrency,
+            prometheus_url: self.prometheus_url.clone(),
             ..ControllerOptions::default()
         }
     }
@@ -256,4 +262,15 @@ pub fn run_all(cmd: RunCommand) -> Result<ExitCode, CliError> {
         admin_task.abort();
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// An http(s) URL.
+fn http_url(s: &str) -> Result<String, String> {
+    let scheme_ok = s.starts_with("http://") || s.starts_with("https://");
+    let host = s.split_once("://").map_or("", |(_, rest)| rest);
+    if scheme_ok && !host.is_empty() && !host.contains(char::is_whitespace) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not an http:// or https:// URL"))
+    }
 }

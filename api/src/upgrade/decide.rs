@@ -7,11 +7,12 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{Action, Direction, Levels, Observed, Role, UpgradeOptions, WaitReason, next_action};
+use super::{Action, Direction, Levels, Observed, Role, UpgradeOptions, WaitReason, next_action, slo_gate};
 use crate::{
     conditions::{self, Wanted},
     progress::{AbortReason, Steering},
     rayservice::{ClusterServiceStatus, RayServiceStatuses},
+    slo::{Evaluation, SloCheck},
     upgrade_control::Control,
 };
 
@@ -32,6 +33,8 @@ pub struct Settings {
     pub serve_poll: SignedDuration,
     /// How often Serve is read once a step is due and waits only for its capacity to be verified.
     pub capacity_poll: SignedDuration,
+    /// The RayService's SLO checks (`rayshift.io/slo-checks`): forward traffic steps wait for them.
+    pub slo_checks: Vec<SloCheck>,
 }
 
 /// One cluster of the upgrade as the pass saw it.
@@ -51,12 +54,14 @@ pub struct ClusterSeen {
 }
 
 /// What the controller observed this pass.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observation {
     pub active: Option<ClusterSeen>,
     pub pending: Option<ClusterSeen>,
     /// Gateway Accepted+Programmed and route Accepted+ResolvedRefs for their current generations.
     pub route_ready: bool,
+    /// The SLO checks evaluated this pass (those [`slo_gate::due`] named).
+    pub slo: Vec<Evaluation>,
 }
 
 /// The one write the pass makes besides the route and the status.
@@ -127,6 +132,9 @@ pub struct StepDecision {
     pub wake: Option<Timestamp>,
     /// The next traffic step, when it waits only for its interval.
     pub step_due: Option<Timestamp>,
+    /// An SLO check paused the upgrade: write `rayshift.io/upgrade-control: pause`, so a person resumes or
+    /// aborts it as any pause.
+    pub pause: bool,
 }
 
 /// When traffic last moved: rayshift's own record (sub-second), else KubeRay's whole-second fields.
@@ -148,11 +156,23 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
         tallies: Vec::new(),
         wake: None,
         step_due: None,
+        pause: false,
     };
     seed_levels(&mut d.status);
     let (Some(active), Some(pending)) = (&seen.active, &seen.pending) else {
         set_progressing(&mut d.status, None, s, now);
         return d;
+    };
+    let paused_by_check;
+    let s = if slo_gate::judge(&mut d, &seen.slo, s, now) {
+        d.pause = true;
+        paused_by_check = Settings {
+            control: Control::Pause,
+            ..s.clone()
+        };
+        &paused_by_check
+    } else {
+        s
     };
     let observed = steer(&mut d, seen, pending, s, now);
     if restore_capacity(
@@ -164,7 +184,13 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
     ) {
         return d;
     }
-    let action = next_action(&s.options, &observed);
+    let mut action = next_action(&s.options, &observed);
+    if slo_gate::holds(&action, &observed, &d.status, s) {
+        action = Action::Wait {
+            until: None,
+            reason: WaitReason::SloChecks,
+        };
+    }
     if let Action::Wait { until, reason } = action {
         wait(&mut d, &observed, s, until, reason);
         return d;
@@ -339,6 +365,7 @@ fn wait(d: &mut StepDecision, o: &Observed, s: &Settings, until: Option<Timestam
     d.step_due = until;
     d.wake = Some(match until {
         Some(due) => due,
+        None if reason == WaitReason::SloChecks => slo_gate::wake(&d.status, s, o.now),
         None => capacity_wake(o, s, reason),
     });
 }
@@ -573,7 +600,15 @@ fn set_progressing(
             merge_conditions(status, &[w], &[], s, now);
         }
         (true, Some(r)) => {
-            let w = Wanted::new(PROGRESSING, false, r.as_str(), waiting_message(r));
+            let message = match r {
+                WaitReason::SloChecks => slo_gate::waiting(status, s, last_step_time(status)),
+                WaitReason::Paused => match slo_gate::pause_cause(status) {
+                    Some(cause) => format!("{} ({cause})", waiting_message(r)),
+                    None => waiting_message(r).to_string(),
+                },
+                _ => waiting_message(r).to_string(),
+            };
+            let w = Wanted::new(PROGRESSING, false, r.as_str(), message);
             merge_conditions(status, &[w], &[], s, now);
         }
     }
@@ -592,6 +627,7 @@ fn waiting_message(r: WaitReason) -> &'static str {
         }
         WaitReason::Paused => "Paused by the rayshift.io/upgrade-control annotation",
         WaitReason::Interval => "Waiting for the next interval",
+        WaitReason::SloChecks => "Waiting for the SLO checks (rayshift.io/slo-checks) to pass",
         WaitReason::Draining => {
             "Waiting for the drain time (rayshift.io/drain-seconds) before the cluster that lost its traffic goes to target_capacity 0"
         }
@@ -599,7 +635,7 @@ fn waiting_message(r: WaitReason) -> &'static str {
 }
 
 impl Notice {
-    fn normal(reason: &'static str, action: &'static str, note: String) -> Self {
+    pub(super) fn normal(reason: &'static str, action: &'static str, note: String) -> Self {
         Self {
             warning: false,
             reason,
@@ -608,7 +644,7 @@ impl Notice {
         }
     }
 
-    fn warning(reason: &'static str, action: &'static str, note: String) -> Self {
+    pub(super) fn warning(reason: &'static str, action: &'static str, note: String) -> Self {
         Self {
             warning: true,
             ..Self::normal(reason, action, note)

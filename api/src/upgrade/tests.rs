@@ -505,6 +505,49 @@ enum World {
     SpecMatchesPending(bool),
     /// The next pass's effect reaches Serve but its status write is lost (a conflict).
     StatusLost,
+    /// What Prometheus answers for the SLO check from now on.
+    Slo(SloAnswer),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum SloAnswer {
+    Good,
+    Bad,
+    NoData,
+    Unreachable,
+}
+
+fn slo_answer() -> impl Strategy<Value = SloAnswer> {
+    prop_oneof![
+        Just(SloAnswer::Good),
+        Just(SloAnswer::Bad),
+        Just(SloAnswer::NoData),
+        Just(SloAnswer::Unreachable)
+    ]
+}
+
+/// One error-ratio check, evaluated every 5 s on a 10 s window.
+fn slo_check(on_failure: crate::slo::OnFailure) -> crate::slo::SloCheck {
+    crate::slo::SloCheck {
+        name: "errors".into(),
+        query: "errors".into(),
+        comparison: crate::slo::Comparison::AtMost,
+        threshold: 0.01,
+        window_seconds: 10,
+        interval_seconds: 5,
+        failure_limit: 2,
+        on_failure,
+    }
+}
+
+fn slo_reading(answer: SloAnswer) -> crate::slo::Reading {
+    use crate::slo::Reading;
+    match answer {
+        SloAnswer::Good => Reading::Value(0.0),
+        SloAnswer::Bad => Reading::Value(0.5),
+        SloAnswer::NoData => Reading::Value(f64::NAN),
+        SloAnswer::Unreachable => Reading::Unavailable("connection refused".into()),
+    }
 }
 
 fn world() -> impl Strategy<Value = World> {
@@ -521,6 +564,7 @@ fn world() -> impl Strategy<Value = World> {
             .prop_map(World::Control),
         1 => any::<bool>().prop_map(World::SpecMatchesPending),
         1 => Just(World::StatusLost),
+        2 => slo_answer().prop_map(World::Slo),
     ]
 }
 
@@ -555,12 +599,15 @@ proptest! {
     /// an abort sticks until the rollback finishes, and every upgrade completes or rolls back once the
     /// world settles, also when a pass's status write was lost after its effect reached Serve (Serve's own
     /// `target_capacity` is modelled: once the world settles, capacity is verified only where Serve runs
-    /// what the status records).
+    /// what the status records). With an SLO check, Prometheus answering well, badly, without data or not at
+    /// all: no forward step after the first goes without a pass on data from a window after the last step,
+    /// and a failing check rolls back or pauses (the pause written as the annotation).
     #[test]
     fn the_whole_decision_keeps_invariants_and_terminates(
         opts in options(),
         deadline in 1i64..900,
         script in prop::collection::vec(world(), 0..300),
+        slo in prop_oneof![Just(None), Just(Some(crate::slo::OnFailure::Rollback)), Just(Some(crate::slo::OnFailure::Pause))],
     ) {
         use crate::upgrade_control::Control;
         use decide::{ClusterSeen, Effect, Observation, Settings, Tally};
@@ -575,7 +622,9 @@ proptest! {
             generation: 1,
             serve_poll: SignedDuration::from_secs(2),
             capacity_poll: SignedDuration::from_millis(50),
+            slo_checks: slo.map(slo_check).into_iter().collect(),
         };
+        let mut answer = SloAnswer::Good;
         let cluster = |name: &str, digest: &str| ClusterSeen {
             name: name.into(),
             spec_digest: Some(digest.into()),
@@ -587,6 +636,7 @@ proptest! {
             active: Some(ClusterSeen { reachable: true, ..cluster("a", "old") }),
             pending: Some(cluster("p", "goal")),
             route_ready: false,
+            slo: Vec::new(),
         };
         let mut script = script.into_iter();
         let mut aborted = false;
@@ -607,7 +657,9 @@ proptest! {
                 Some(World::Control(c)) => settings.control = c,
                 Some(World::SpecMatchesPending(g)) => settings.goal_digest = if g { "goal" } else { "newer" }.into(),
                 Some(World::StatusLost) => lose_status = true,
+                Some(World::Slo(a)) => answer = a,
                 None => {
+                    answer = SloAnswer::Good;
                     let recorded = levels_of(&status);
                     a.capacity_verified = serve[0] == recorded.active.capacity;
                     p.capacity_verified = serve[1] == recorded.pending.capacity;
@@ -626,7 +678,21 @@ proptest! {
             }
             let before = levels_of(&status);
             let last_step = decide::last_step_time(&status);
+            seen.slo = super::slo_gate::due(&status, &settings, seen.pending.as_ref(), now)
+                .into_iter()
+                .map(|c| crate::slo::Evaluation { check: c.name.clone(), query: c.query.clone(), reading: slo_reading(answer) })
+                .collect();
+            let passed_before: Vec<_> = status.progress.slo_checks.iter()
+                .filter(|r| r.outcome == crate::slo::Outcome::Pass)
+                .filter(|r| last_step.is_none_or(|l| r.time >= l + SignedDuration::from_secs(10)))
+                .map(|r| r.name.clone())
+                .collect();
+            let passing_now = seen.slo.iter().all(|e| matches!(e.reading, crate::slo::Reading::Value(v) if v == 0.0));
             let d = decide(&seen, &status, &settings, now);
+            if d.pause {
+                prop_assert_eq!(slo, Some(crate::slo::OnFailure::Pause), "paused by a check that rolls back");
+                settings.control = Control::Pause;
+            }
             if let Some(Effect::TargetCapacity { cluster, percent, .. }) = &d.effect {
                 serve[usize::from(cluster == "p")] = *percent;
             }
@@ -667,6 +733,11 @@ proptest! {
             prop_assert!(after.pending.traffic <= after.pending.capacity);
             if after.pending.traffic > before.pending.traffic {
                 prop_assert!(p.reachable && p.capacity_verified && seen.route_ready, "traffic onto unverified capacity");
+                let gated = !settings.slo_checks.is_empty() && before.pending.traffic > 0 && settings.control != Control::Promote && !rollback;
+                if gated {
+                    let now_passed = passing_now && !seen.slo.is_empty() && last_step.is_none_or(|l| now >= l + SignedDuration::from_secs(10));
+                    prop_assert!(passed_before.len() == 1 || now_passed, "a step without a passed SLO check after the last one");
+                }
             }
             if after.active.traffic > before.active.traffic {
                 prop_assert!(a.reachable && a.capacity_verified && seen.route_ready, "traffic back onto unverified capacity");
@@ -695,6 +766,7 @@ fn decide_settings(control: crate::upgrade_control::Control) -> decide::Settings
         generation: 3,
         serve_poll: SignedDuration::from_secs(2),
         capacity_poll: SignedDuration::from_millis(50),
+        slo_checks: Vec::new(),
     }
 }
 
@@ -710,6 +782,7 @@ fn both_ready() -> decide::Observation {
         active: Some(seen("a", "old")),
         pending: Some(seen("p", "goal")),
         route_ready: true,
+        slo: Vec::new(),
     }
 }
 
@@ -930,4 +1003,121 @@ proptest! {
             prop_assert_eq!(e, o.now);
         }
     }
+}
+
+/// An SLO-gated upgrade, pass by pass: the first step goes on capacity alone; the next waits for a pass on
+/// data from a window after it (no data and an unreachable Prometheus hold it, and say why); two failures
+/// in a row roll it back, quoting the query and its value; with `onFailure: pause` they pause it instead.
+#[test]
+fn slo_checks_hold_steps_and_roll_back_or_pause() {
+    use crate::{
+        slo::{Evaluation, OnFailure, Reading},
+        upgrade_control::Control,
+    };
+    use decide::Effect;
+    let settings = std::cell::RefCell::new(decide_settings(Control::Run));
+    settings.borrow_mut().slo_checks = vec![slo_check(OnFailure::Rollback)];
+    let step = |status: &crate::RayServiceStatuses, reading: Option<Reading>, at: Timestamp| {
+        let settings = settings.borrow();
+        let mut seen = both_ready();
+        let due = super::slo_gate::due(status, &settings, seen.pending.as_ref(), at);
+        seen.slo = due
+            .into_iter()
+            .map(|c| Evaluation {
+                check: c.name.clone(),
+                query: "sum(errors)".into(),
+                reading: reading.clone().unwrap(),
+            })
+            .collect();
+        decide(&seen, status, &settings, at)
+    };
+    // A pass, then the ones right after it while it changes capacity (not gated: only traffic is).
+    let step = |status: &crate::RayServiceStatuses, reading: Option<Reading>, at: Timestamp| {
+        let mut d = step(status, reading.clone(), at);
+        for i in 1..5 {
+            if !matches!(d.effect, Some(Effect::TargetCapacity { .. })) {
+                break;
+            }
+            d = step(&d.status, reading.clone(), at + SignedDuration::from_millis(i));
+        }
+        d
+    };
+    let progressing = |s: &crate::RayServiceStatuses| {
+        let c = s
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == decide::PROGRESSING)
+            .unwrap();
+        (c.reason.clone(), c.message.clone())
+    };
+    // Capacity to 50 %, then the first traffic step (0 → 50): nothing to judge yet, nothing evaluated.
+    let d = step(&upgrade_status(), Some(Reading::Value(0.0)), t(100));
+    assert_eq!(d.effect, Some(Effect::Traffic));
+    assert!(d.status.progress.slo_checks.is_empty());
+    assert_eq!(levels_of(&d.status).pending.traffic, 50);
+    // Due after 10 s; a pass 3 s after the step is too early (its window still holds older data).
+    let early = step(&d.status, Some(Reading::Value(0.0)), t(104));
+    assert_eq!(early.status.progress.slo_checks[0].failures, 0);
+    let mut s = early.status;
+    // No data and an unreachable Prometheus hold the step (not failures), and the condition says why.
+    for (at, reading, shown) in [
+        (111, Reading::NoData, "no data"),
+        (
+            116,
+            Reading::Unavailable("connection refused".into()),
+            "unavailable: connection refused",
+        ),
+    ] {
+        let d = step(&s, Some(reading), t(at));
+        assert_eq!(d.effect, None, "{:?}", d.status.progress);
+        let (reason, message) = progressing(&d.status);
+        assert_eq!(reason, "WaitingForSloChecks");
+        assert!(message.contains(&format!("sum(errors) = {shown}")), "{message}");
+        assert_eq!(d.status.progress.slo_checks[0].failures, 0);
+        s = d.status;
+    }
+    // A pass moves traffic; its record stays until the next evaluation.
+    let d = step(&s, Some(Reading::Value(0.0)), t(121));
+    assert_eq!(
+        levels_of(&d.status).pending.traffic,
+        100,
+        "{:?}",
+        d.status.progress
+    );
+    let bad = |status: &crate::RayServiceStatuses, at| step(status, Some(Reading::Value(0.25)), at);
+    // Two failures in a row: the first is an event, the second rolls back with the query and value quoted.
+    let first = bad(&d.status, t(127));
+    assert_eq!(first.status.progress.slo_checks[0].failures, 1);
+    assert!(first.status.progress.upgrade_abort.is_none());
+    let second = bad(&first.status, t(132));
+    let abort = second.status.progress.upgrade_abort.clone().unwrap();
+    assert_eq!(abort.reason.as_str(), "SloCheckFailed");
+    assert_eq!(
+        abort.message,
+        "SLO check errors failed 2 times in a row: sum(errors) = 0.25, wanted <= 0.01"
+    );
+    let rollback = second
+        .status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == crate::conditions::ROLLBACK_IN_PROGRESS)
+        .unwrap();
+    assert_eq!(
+        (rollback.reason.as_str(), rollback.message.as_str()),
+        ("SloCheckFailed", abort.message.as_str())
+    );
+    // With `onFailure: pause`, the same failures pause it: the annotation is to be written, nothing moves.
+    settings.borrow_mut().slo_checks = vec![slo_check(OnFailure::Pause)];
+    let first = bad(&d.status, t(127));
+    let second = bad(&first.status, t(132));
+    assert!(second.pause && second.status.progress.upgrade_abort.is_none());
+    assert_eq!(second.effect, None);
+    let (reason, message) = progressing(&second.status);
+    assert_eq!(reason, "Paused");
+    assert!(
+        message.contains("last failed SLO check errors: sum(errors) = 0.25"),
+        "{message}"
+    );
 }
