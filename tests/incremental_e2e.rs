@@ -988,3 +988,98 @@ impl Follower {
         }
     }
 }
+
+/// SLO checks, evaluated by a real Prometheus (constant queries: this test's clusters run no Ray, so there are
+/// no Serve metrics to read; the real-Ray test reads them). With Prometheus unreachable, the step after the
+/// first waits and says why; a check that fails twice with `onFailure: pause` writes the pause annotation and
+/// holds the upgrade, quoting the query and value; once the check passes and a person resumes, the upgrade
+/// completes, each gated step at least the check's window after the one before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slo_checks_wait_for_prometheus_pause_on_failure_and_pass() {
+    let mut env = Env::new("slo").await;
+    // Nothing listens on loopback port 9: Prometheus is unreachable.
+    env.start_controller_with(&["--prometheus-url=http://127.0.0.1:9"]);
+    let checks = |query: &str| {
+        json!({"rayshift.io/slo-checks": format!(
+            "[{{name: constant, query: '{query}', comparison: '<=', threshold: 0.01, windowSeconds: 10, intervalSeconds: 1, failureLimit: 2, onFailure: pause}}]"
+        )})
+    };
+    env.deploy_annotated(50, 50, 1, checks("vector(0.5)")).await;
+    let observer = env.observe(50);
+    let new = env.upgrade_to("ray:2").await;
+    env.pending_traffic_at_least(50, 30).await;
+    let waiting = env
+        .eventually("WaitingForSloChecks, Prometheus unreachable", 30, || async {
+            let rs = env.get().await;
+            let c = rs
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Progressing")?;
+            (c.reason == "WaitingForSloChecks" && c.message.contains("unavailable")).then_some(c.message)
+        })
+        .await;
+    assert!(
+        waiting.contains("vector(0.5) = unavailable: Prometheus"),
+        "{waiting}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(env.levels().await.1.1, 50, "a step without a verdict");
+    // A real Prometheus: the check fails twice and pauses the upgrade.
+    let prometheus = support::prometheus::Prometheus::start(&[]);
+    env.start_controller_with(&[&format!("--prometheus-url={}", prometheus.url())]);
+    let paused = env
+        .eventually("paused by the SLO check", 60, || async {
+            let rs = env.get().await;
+            let control = rs
+                .metadata
+                .annotations
+                .as_ref()?
+                .get("rayshift.io/upgrade-control")?
+                .clone();
+            let c = rs
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Progressing")?;
+            (control == "pause" && c.reason == "Paused").then_some(c.message)
+        })
+        .await;
+    assert!(
+        paused.contains("last failed SLO check constant: vector(0.5) = 0.5"),
+        "{paused}"
+    );
+    let failed = env.event_notes("SloCheckEvaluationFailed");
+    assert!(
+        failed
+            .iter()
+            .any(|(n, _)| n.contains("vector(0.5) = 0.5, wanted <= 0.01")),
+        "{failed:?}"
+    );
+    assert_eq!(env.event_notes("UpgradePausedBySloCheck").len(), 1);
+    let held = env.levels().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(env.levels().await, held, "nothing moves while paused");
+    // The check passes now; a person resumes: the upgrade completes through the gated steps.
+    let mut patch = json!({"metadata": {"annotations": checks("vector(0)")}});
+    patch["metadata"]["annotations"]["rayshift.io/upgrade-control"] = json!("resume");
+    let resumed = Instant::now();
+    env.patch(patch).await;
+    env.promoted_to(&new, 90).await;
+    // Two gated moves (50 → 100, then the promotion), each 10 s after the step before it.
+    assert!(
+        resumed.elapsed() >= Duration::from_secs(8),
+        "gated steps came early: {:?}",
+        resumed.elapsed()
+    );
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    let metrics = env.controller.as_ref().unwrap().metrics();
+    let passed = support::webhook::metric(
+        &metrics,
+        &format!(
+            r#"rayshift_slo_check_evaluations_total{{check="constant",name="llm",namespace="{}",outcome="pass"}}"#,
+            env.ns
+        ),
+    );
+    assert!(passed >= 1.0, "{metrics}");
+}

@@ -116,16 +116,13 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// The controller reaching the heads through the test's router. The heads' Serve proxies are reachable at
 /// their Pod IPs: the default health check works.
-fn controller_for(ns: &str, heads: &RayHeads) -> ControllerProcess {
-    ControllerProcess::start(
-        control_plane_beside_ray(),
-        ns,
-        &heads.url_template(),
-        &[
-            GATE,
-            "--serve-health-url-template=http://{podIP}:{port}/-/healthz",
-        ],
-    )
+fn controller_for(ns: &str, heads: &RayHeads, extra: &[String]) -> ControllerProcess {
+    let mut args = vec![
+        GATE,
+        "--serve-health-url-template=http://{podIP}:{port}/-/healthz",
+    ];
+    args.extend(extra.iter().map(String::as_str));
+    ControllerProcess::start(control_plane_beside_ray(), ns, &heads.url_template(), &args)
 }
 
 struct Env {
@@ -139,6 +136,8 @@ struct Env {
     summary: String,
     /// Serve serves gRPC too, and each phase sends gRPC load beside the HTTP load.
     grpc: bool,
+    /// More arguments of the controller (kept for its restart).
+    controller_args: Vec<String>,
 }
 
 /// How the controller reaches the dashboards.
@@ -151,6 +150,10 @@ enum DashboardRoute {
 
 impl Env {
     async fn new(prefix: &str, route: DashboardRoute) -> Self {
+        Self::with_controller_args(prefix, route, Vec::new()).await
+    }
+
+    async fn with_controller_args(prefix: &str, route: DashboardRoute, controller_args: Vec<String>) -> Self {
         let cp = control_plane_beside_ray();
         let client = cp.client().await;
         assert!(cp.crds_established(&client).await);
@@ -158,7 +161,7 @@ impl Env {
         let heads = RayHeads::start(client.clone(), &ns).await;
         let gateway = TraefikGateway::start(cp, client.clone(), &ns).await;
         let controller = match route {
-            DashboardRoute::Template => controller_for(&ns, &heads),
+            DashboardRoute::Template => controller_for(&ns, &heads, &controller_args),
             DashboardRoute::ApiserverProxy => {
                 for f in ["manifests/deploy/namespace.yaml", "manifests/deploy/rbac.yaml"] {
                     cp.kubectl(&["apply", "-f", &support::cluster::repo().join(f).to_string_lossy()]);
@@ -181,6 +184,7 @@ impl Env {
             report: String::new(),
             summary: String::new(),
             grpc: false,
+            controller_args,
         }
     }
 
@@ -694,7 +698,7 @@ impl Env {
                 let _ = self.controller.child.kill();
                 let _ = self.controller.child.wait();
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                self.controller = controller_for(&self.ns, &self.heads);
+                self.controller = controller_for(&self.ns, &self.heads, &self.controller_args);
             }
             Twist::Abort => self.annotate_control(json!("abort")).await,
             Twist::Revert => self.set_version(serving).await,
@@ -1047,4 +1051,180 @@ fn conclude(env: &Env, mut problems: Vec<String>, report: &str) {
     }
     println!("{report}");
     assert!(problems.is_empty(), "problems:\n{}", problems.join("\n"));
+}
+
+/// The SLO checks of the gated test: the pending cluster's HTTP error ratio (Ray Serve's own counters, from
+/// the heads' metrics export ports) and the built-in queued-requests check, on 10 s windows.
+const SLO_CHECKS: &str = r#"
+- name: serve-error-ratio
+  query: (sum(rate(ray_serve_num_http_error_requests_total{ray_io_cluster="{{cluster}}",route!~"/-/.*"}[{{window}}])) or vector(0)) / sum(rate(ray_serve_num_http_requests_total{ray_io_cluster="{{cluster}}",route!~"/-/.*"}[{{window}}]))
+  comparison: "<="
+  threshold: 0.01
+  windowSeconds: 10
+  intervalSeconds: 2
+  failureLimit: 2
+  onFailure: rollback
+- name: serve-queued-per-replica
+  query: sum(ray_serve_deployment_queued_queries{ray_io_cluster="{{cluster}}"} or vector(0)) / clamp_min(sum(ray_serve_deployment_replica_healthy{ray_io_cluster="{{cluster}}"}), 1)
+  comparison: "<="
+  threshold: 10
+  windowSeconds: 10
+  intervalSeconds: 2
+"#;
+
+/// SLO-gated steps through a real Prometheus that scrapes the real Ray heads: a good version completes with
+/// every check passing (each step after the first waits for a pass on data from after it), then a version
+/// whose app answers 500 is stopped by the error-ratio check and rolled back, with the query and its value in
+/// the event and the condition, and no failed request on the old cluster's share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slo_checks_pass_a_good_version_and_roll_back_a_failing_one() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let prometheus = Prometheus::start(&[]);
+    let args = vec![format!("--prometheus-url={}", prometheus.url())];
+    let mut env = Env::with_controller_args("realslo", DashboardRoute::Template, args).await;
+    let first = env.deploy().await;
+    let patch = json!({"metadata": {"annotations": {"rayshift.io/slo-checks": SLO_CHECKS}}});
+    env.rayservices()
+        .patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    // The heads come and go with the RayClusters; Prometheus follows them.
+    let sync = {
+        let (addresses, file) = (env.heads.address_book(), prometheus.ray_heads_file());
+        tokio::spawn(async move {
+            loop {
+                support::prometheus::write_ray_heads(&file, &addresses());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    let (good, mut problems) = env
+        .phase(
+            "upgrade v1 → v2 gated by SLO checks",
+            &first,
+            "v1",
+            "v2",
+            Twist::None,
+        )
+        .await;
+    // Three gated traffic steps and the promotion: each check passed at least four times.
+    let metrics = env.controller.metrics();
+    for check in ["serve-error-ratio", "serve-queued-per-replica"] {
+        let passes: f64 = metrics
+            .lines()
+            .filter(|l| l.starts_with("rayshift_slo_check_evaluations_total{"))
+            .filter(|l| l.contains(&format!(r#"check="{check}""#)) && l.contains(r#"outcome="pass""#))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if passes < 4.0 {
+            problems.push(format!(
+                "{check} passed {passes} times in the good upgrade (4 gates):\n{metrics}"
+            ));
+        }
+    }
+    let requests = format!(r#"sum(ray_serve_num_http_requests_total{{ray_io_cluster="{good}"}})"#);
+    if prometheus.value(&requests).await.is_none_or(|v| v <= 0.0) {
+        problems.push(format!(
+            "Prometheus has no Serve request count of {good}: {requests}"
+        ));
+    }
+    let (failing, bad_problems) = env.failing_phase(&good, "v2", "v3-failing").await;
+    problems.extend(bad_problems);
+    let cp = control_plane_beside_ray();
+    let events = cp.events(&env.ns);
+    let rollback = events.iter().find(|e| e["reason"] == "SloCheckFailed");
+    match rollback.and_then(|e| e["note"].as_str()) {
+        Some(note)
+            if note.contains(&format!(r#"ray_io_cluster="{failing}""#))
+                && note.contains("wanted <= 0.01") =>
+        {
+            println!("rollback event: {note}")
+        }
+        other => problems.push(format!(
+            "no SloCheckFailed event quoting the query and value: {other:?}"
+        )),
+    }
+    sync.abort();
+    let report = format!(
+        "# SLO-gated steps, real Ray Serve and a real Prometheus\n\n| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) |\n|---|---|---|---|---|---|---|\n{}{}",
+        env.summary, env.report
+    );
+    conclude(&env, problems, &report);
+}
+
+impl Env {
+    /// Moves the RayService from `serving` (on `old`) to `failing`, whose app answers 500, under load: the
+    /// upgrade must go back to `old`. Returns the failing cluster and the problems: a request that failed
+    /// other than by the failing app's own 500, a rollback for another reason, the failing version taking no
+    /// traffic, or traffic not back on `old`.
+    async fn failing_phase(&mut self, old: &str, serving: &str, failing: &str) -> (String, Vec<String>) {
+        let load = Load::start(&self.gateway.url(), RATE, LATENCY_BOUND);
+        let from = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.set_version(failing).await;
+        let new = self
+            .eventually("a pending RayCluster", 30, || async {
+                pending(&self.get().await)
+            })
+            .await;
+        let abort = self
+            .eventually("the upgrade aborted by an SLO check", 240, || async {
+                self.get().await.status?.progress.upgrade_abort
+            })
+            .await;
+        let rolling_back = self
+            .get()
+            .await
+            .status
+            .unwrap_or_default()
+            .conditions
+            .unwrap_or_default();
+        self.settled_on(old, 240).await;
+        self.head_stopped(&new).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (ran, responses) = load.stop().await;
+        let mut problems = Vec::new();
+        if abort.reason.as_str() != "SloCheckFailed" || !abort.message.contains("serve-error-ratio") {
+            problems.push(format!("rolled back for another reason: {abort:?}"));
+        }
+        let condition = rolling_back.iter().find(|c| c.type_ == "RollbackInProgress");
+        if condition.is_none_or(|c| {
+            c.reason != "SloCheckFailed" || !c.message.contains("ray_serve_num_http_error_requests_total")
+        }) {
+            problems.push(format!(
+                "RollbackInProgress does not quote the check: {condition:?}"
+            ));
+        }
+        let rejected = |r: &&Response| matches!(&r.outcome, support::load::Outcome::Status(500, b) if b.trim() == failing);
+        let answered_by_failing = responses.iter().filter(rejected).count();
+        if answered_by_failing == 0 {
+            problems.push(format!("{failing} never took a share of the traffic"));
+        }
+        let others: Vec<Response> = responses.iter().filter(|r| !rejected(r)).cloned().collect();
+        let failed = failures(&others, &[serving], from, &self.gateway.routes());
+        if !failed.is_empty() {
+            problems.push(format!(
+                "{} requests on the old cluster's share failed, first: {:?}",
+                failed.len(),
+                &failed[..failed.len().min(5)]
+            ));
+        }
+        let tail = responses.iter().rev().take(RATE as usize / 2);
+        if tail.clone().any(|r| r.body() != Some(serving)) {
+            problems.push(format!("at the end not every answer came from {serving}"));
+        }
+        let title = format!("upgrade {serving} → {failing}, stopped by the error-ratio check");
+        self.summary
+            .push_str(&phase_row(&title, ran, &others, failed.len()));
+        let _ = write!(
+            self.report,
+            "\n## {title}\n\n{} requests in {:.1} s; {answered_by_failing} answered 500 by {failing} while it carried a share; {} of the other {} failed. Rollback: {}\n",
+            responses.len(),
+            ran.as_secs_f64(),
+            failed.len(),
+            others.len(),
+            abort.message
+        );
+        (new, problems)
+    }
 }

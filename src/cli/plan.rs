@@ -112,20 +112,25 @@ pub(super) fn slo_table(checks: &[slo::SloCheck]) -> String {
         return String::new();
     }
     let mut out = format!(
-        "SLO checks before each traffic step and while it settles ({}):\n",
+        "SLO checks before each traffic step after the first and before the promotion ({}):\n",
         slo::SLO_CHECKS_ANNOTATION
     );
     for c in checks {
         out += &format!(
-            "  {}: ({}) {} {} over {}s, {} failures in a row → {:?}\n",
+            "  {}: ({}) {} {} over {}s, every {}s, {} failures in a row → {:?}\n",
             c.name,
             c.query,
             c.comparison.as_str(),
             c.threshold,
             c.window_seconds,
+            c.interval_seconds,
             c.failure_limit,
             c.on_failure
         );
+    }
+    // Each gated step waits at least the longest window after the step before it.
+    if let Some(window) = checks.iter().map(|c| c.window_seconds).max() {
+        out += &format!("  (so each gated step comes at least {window}s after the one before it)\n");
     }
     out
 }

@@ -24,6 +24,10 @@ export RAY_USAGE_STATS_ENABLED=0
 # the test control plane shares the same 2 cores and would starve them: run them at normal priority, as a
 # dedicated Ray node effectively does.
 export RAY_worker_niceness=0
+# Metrics (Serve's request counters and latency) reach the head's export port every 2 s, not every 10: the SLO
+# checks' real Prometheus scrapes them there (port 8080, as KubeRay's head Pods declare it). The head is started
+# with its Pod IP as its node IP, as KubeRay starts it: a node on 127.0.0.1 would export only on loopback.
+export RAY_metrics_report_interval_ms=2000
 # Network namespaces need root.
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -79,7 +83,8 @@ start() {
   local tmp="/tmp/ray-$name"
   mkdir -p "$tmp"
   $SUDO ip netns exec "$name" env PYTHONPATH="$appdir" "$VENV/bin/ray" start --head --port 6379 \
-    --dashboard-host 0.0.0.0 --dashboard-port 8265 --include-dashboard true --num-cpus 2 \
+    --node-ip-address "$ns_ip" --dashboard-host 0.0.0.0 --dashboard-port 8265 --include-dashboard true --num-cpus 2 \
+    --metrics-export-port 8080 \
     --disable-usage-stats --temp-dir "$tmp" >"$tmp.log" 2>&1
   # Up to 2 minutes: a head starting next to a serving one on a loaded 2-core machine has taken more than one.
   for _ in $(seq 240); do

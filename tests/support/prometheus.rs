@@ -1,5 +1,7 @@
 //! A real Prometheus (Debian's package, unpacked by tests/env/prometheus.sh) scraping rayshift's processes on
-//! loopback every second, with rayshift's alert rules loaded, queried over its HTTP API.
+//! loopback every second, with rayshift's alert rules loaded, queried over its HTTP API. It also scrapes the
+//! real Ray heads' metrics export ports (`ray` job, from a file the test keeps current), each labelled
+//! `ray_io_cluster` as KubeRay's PodMonitor labels a head Pod's series.
 
 use std::{
     path::PathBuf,
@@ -54,6 +56,24 @@ pub fn metric_names(expr: &str) -> Vec<String> {
     names
 }
 
+/// Makes Prometheus scrape these Ray heads' metrics export ports (RayCluster, head IP), and no others.
+pub fn write_ray_heads(file: &std::path::Path, heads: &[(String, String)]) {
+    let groups: Vec<Value> = heads
+        .iter()
+        .map(|(cluster, ip)| {
+            serde_json::json!({"targets": [format!("{ip}:8080")], "labels": {"ray_io_cluster": cluster}})
+        })
+        .collect();
+    let text = serde_json::to_string(&groups).unwrap();
+    if std::fs::read_to_string(file).is_ok_and(|old| old == text) {
+        return;
+    }
+    // Written whole, then renamed: Prometheus never reads half a file.
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(tmp, file).unwrap();
+}
+
 impl Prometheus {
     /// Scrapes `targets` (job name, host:port) every second and evaluates rayshift's rules every second.
     pub fn start(targets: &[(&str, String)]) -> Self {
@@ -65,10 +85,13 @@ impl Prometheus {
                 format!("  - job_name: {job}\n    static_configs:\n      - targets: [\"{addr}\"]\n")
             })
             .collect();
+        let heads = dir.path().join("ray-heads.json");
+        std::fs::write(&heads, "[]").unwrap();
         let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [\"{}\"]\nscrape_configs:\n{}",
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [\"{}\"]\nscrape_configs:\n{}  - job_name: ray\n    file_sd_configs:\n      - files: [\"{}\"]\n        refresh_interval: 1s\n",
             rules.display(),
-            jobs.concat()
+            jobs.concat(),
+            heads.display()
         );
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
         let port = super::webhook::free_port();
@@ -103,6 +126,23 @@ impl Prometheus {
             assert!(Instant::now() < deadline, "Prometheus not ready: {}", self.log());
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The server's root URL (for `--prometheus-url`).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The file naming the Ray heads it scrapes ([`write_ray_heads`]).
+    pub fn ray_heads_file(&self) -> PathBuf {
+        self._dir.path().join("ray-heads.json")
+    }
+
+    /// The value of an instant query now: `None` when it returns no series.
+    pub async fn value(&self, expr: &str) -> Option<f64> {
+        let data = self.api("query", &[("query", expr.to_string())]).await;
+        let first = data["result"].as_array()?.first()?.clone();
+        first["value"][1].as_str()?.parse().ok()
     }
 
     pub fn log(&self) -> String {

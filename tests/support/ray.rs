@@ -194,6 +194,18 @@ impl RayHeads {
         format!("http://{}/{{namespace}}/{{cluster}}", self.router_addr)
     }
 
+    /// Every head that answers, as (RayCluster, IP), whenever asked.
+    pub fn address_book(&self) -> impl Fn() -> Vec<(String, String)> + Send + 'static {
+        let shared = self.shared.clone();
+        move || {
+            let heads = shared.heads.lock().unwrap();
+            heads
+                .iter()
+                .filter_map(|(cluster, h)| Some((cluster.clone(), h.ip.clone()?)))
+                .collect()
+        }
+    }
+
     pub fn head(&self, cluster: &str) -> Option<Head> {
         self.shared.heads.lock().unwrap().get(cluster).cloned()
     }

@@ -386,8 +386,17 @@ fn expect_completion(d: &mut StepDecision, before: &Observed, s: &Settings) {
         last_traffic_step: last_step_time(&d.status),
         ..*before
     };
+    // A step gated by SLO checks comes at least their longest window after the one before it.
+    let window = s.slo_checks.iter().map(|c| c.window_seconds).max().unwrap_or(0);
+    let options = UpgradeOptions {
+        interval: s
+            .options
+            .interval
+            .max(SignedDuration::from_secs(i64::from(window))),
+        ..s.options
+    };
     d.status.progress.upgrade_expected_completion_time =
-        super::expected_completion(&s.options, &after, started);
+        super::expected_completion(&options, &after, started);
 }
 
 /// When to look again while a step waits for Serve. A step is due at `last step + interval` or at the

@@ -43,6 +43,9 @@ pub struct StatusView {
     upgrade_start_time: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     last_traffic_step_time: Option<Timestamp>,
+    /// The SLO checks' last evaluations in the running upgrade.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    slo_checks: Vec<rayshift_api::progress::SloCheckStatus>,
     events: Vec<EventRow>,
 }
 
@@ -150,6 +153,7 @@ fn view(rs: &RayService, events: Vec<EventRow>, now: Timestamp) -> StatusView {
             .cloned(),
         upgrade_start_time: status.progress.upgrade_start_time,
         last_traffic_step_time: upgrade::decide::last_step_time(&status),
+        slo_checks: status.progress.slo_checks.clone(),
         events,
     }
 }
@@ -255,6 +259,21 @@ fn text(v: &StatusView, wide: bool, now: Timestamp) -> String {
     }
     if let Some(c) = &v.control {
         let _ = writeln!(out, "Control: {c} (rayshift.io/upgrade-control)");
+    }
+    for c in &v.slo_checks {
+        let age = duration(now.duration_since(c.time).as_secs_f64().max(0.0));
+        let _ = write!(
+            out,
+            "SLO check {}: {} = {} ({age} ago, {} failed in a row)",
+            c.name,
+            c.outcome.as_str(),
+            c.value,
+            c.failures
+        );
+        if wide {
+            let _ = write!(out, ": {}", c.query);
+        }
+        let _ = writeln!(out);
     }
     if wide {
         let at = |t: Option<Timestamp>| t.map_or_else(|| "-".to_string(), |t| t.to_string());

@@ -1,4 +1,7 @@
-"""A tiny Serve application whose response names its version (v1, v2, ...), for the real-Ray tests."""
+"""A tiny Serve application whose response names its version (v1, v2, ...), for the real-Ray tests.
+
+A version ending in `-failing` answers every HTTP request with 500 and its version as the body: the new version
+an SLO check must stop."""
 from ray import serve
 
 
@@ -7,7 +10,11 @@ class Versioned:
     def __init__(self, version: str):
         self.version = version
 
-    async def __call__(self, request) -> str:
+    async def __call__(self, request):
+        if self.version.endswith("-failing"):
+            from starlette.responses import PlainTextResponse
+
+            return PlainTextResponse(self.version, status_code=500)
         return self.version
 
     async def Version(self, request):
