@@ -786,17 +786,19 @@ fn both_ready() -> decide::Observation {
     }
 }
 
+fn progressing_condition(
+    s: &crate::RayServiceStatuses,
+) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let mut conditions = s.conditions.iter().flatten();
+    conditions.find(|c| c.type_ == decide::PROGRESSING).unwrap()
+}
+
 #[test]
 fn a_decided_pass_carries_its_events_conditions_and_wake() {
     use crate::upgrade_control::Control;
     use decide::{Effect, Tally};
     let progressing = |s: &crate::RayServiceStatuses| {
-        let c = s
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == decide::PROGRESSING)
-            .unwrap();
+        let c = progressing_condition(s);
         (c.status.clone(), c.reason.clone())
     };
     // First pass: raise the pending capacity, with its event; come back at once.
@@ -1043,12 +1045,7 @@ fn slo_checks_hold_steps_and_roll_back_or_pause() {
         d
     };
     let progressing = |s: &crate::RayServiceStatuses| {
-        let c = s
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == decide::PROGRESSING)
-            .unwrap();
+        let c = progressing_condition(s);
         (c.reason.clone(), c.message.clone())
     };
     // Capacity to 50 %, then the first traffic step (0 → 50): nothing to judge yet, nothing evaluated.
