@@ -58,6 +58,19 @@ fn rayservice(name: &str, managed_by: Option<&str>, image: &str) -> RayService {
     .unwrap()
 }
 
+/// Node label that lets KubeRay's head Pod of "theirs" be scheduled. Until the test sets it, the head stays
+/// Pending, so KubeRay (whose dashboard calls cannot reach kwok's Ray-less Pods) writes its pending cluster into
+/// the status before it starts failing on the dashboard; a head that turned Ready first raced that write away.
+const THEIRS_HOLD: (&str, &str) = ("rayshift-test/theirs", "schedulable");
+
+/// "theirs" with its head Pod held until the node gets [`THEIRS_HOLD`].
+fn held(rs: RayService) -> RayService {
+    let mut v = serde_json::to_value(&rs).unwrap();
+    v["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["nodeSelector"] =
+        json!({THEIRS_HOLD.0: THEIRS_HOLD.1});
+    serde_json::from_value(v).unwrap()
+}
+
 /// Field managers that wrote to an object (from its managedFields).
 fn managers(meta: &kube::api::ObjectMeta) -> Vec<String> {
     meta.managed_fields
@@ -99,7 +112,7 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
         .await
         .unwrap();
     services
-        .create(&pp, &rayservice("theirs", None, "rayproject/ray:2.46.0"))
+        .create(&pp, &held(rayservice("theirs", None, "rayproject/ray:2.46.0")))
         .await
         .unwrap();
 
@@ -204,23 +217,22 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
         }
     }
 
-    // KubeRay's: reconciled by KubeRay (its finalizer and status), never by rayshift.
+    // KubeRay's: reconciled by KubeRay (its finalizer and status, naming its pending cluster while the head is
+    // held), never by rayshift.
     let theirs = eventually(
         "KubeRay reconciles theirs",
         90,
         Duration::from_millis(250),
         || async {
             let rs = services.get("theirs").await.ok()?;
-            rs.status.as_ref()?.pending_service_status.as_ref().or(rs
-                .status
-                .as_ref()?
-                .active_service_status
-                .as_ref())?;
+            pending(&rs)?;
             Some(rs)
         },
-        logs("KubeRay never wrote theirs' status"),
+        logs("KubeRay never wrote theirs' pending cluster"),
     )
     .await;
+    let label = format!("{}={}", THEIRS_HOLD.0, THEIRS_HOLD.1);
+    cp.kubectl(&["label", "nodes", "--all", "--overwrite", &label]);
     assert!(
         theirs
             .finalizers()

@@ -19,6 +19,7 @@ pub mod rayservice;
 mod schema;
 pub mod serve_grpc;
 pub mod slo;
+pub mod stall;
 pub mod upgrade;
 pub mod upgrade_control;
 pub mod validation;

@@ -52,6 +52,8 @@ pub struct UpgradeOptions {
     pub interval: SignedDuration,
     /// How long a cluster whose traffic went to 0 keeps its last replicas after that step (see `lower`).
     pub drain: SignedDuration,
+    /// Lower the active cluster first, for clusters without room for a surge (issue 18).
+    pub resource_aware: Option<resource_aware::ResourceAware>,
 }
 
 impl UpgradeOptions {
@@ -66,6 +68,7 @@ impl UpgradeOptions {
             step_size_percent: step,
             interval: SignedDuration::from_secs(i64::from(interval)),
             drain: SignedDuration::from_secs(DEFAULT_DRAIN_SECONDS),
+            resource_aware: None,
         })
     }
 
@@ -158,6 +161,8 @@ pub enum WaitReason {
     Paused,
     /// A forward traffic step waits for every SLO check to pass on data from after the last step.
     SloChecks,
+    /// ResourceAware: the active cluster is at its floor and the cluster has no room for more.
+    NoRoom,
 }
 
 impl WaitReason {
@@ -171,6 +176,7 @@ impl WaitReason {
             WaitReason::Draining => "Draining",
             WaitReason::Paused => "Paused",
             WaitReason::SloChecks => "WaitingForSloChecks",
+            WaitReason::NoRoom => "WaitingForRoom",
         }
     }
 }
@@ -195,7 +201,7 @@ pub enum Action {
 
 /// Decides the next step of an incremental upgrade (or its rollback).
 pub fn next_action(opts: &UpgradeOptions, obs: &Observed) -> Action {
-    if let Some(repair) = repair(obs) {
+    if let Some(repair) = repair(opts, obs) {
         return repair;
     }
     if obs.paused {
@@ -204,6 +210,9 @@ pub fn next_action(opts: &UpgradeOptions, obs: &Observed) -> Action {
             reason: WaitReason::Paused,
         };
     }
+    if let Some(ra) = opts.resource_aware {
+        return resource_aware::next(opts, ra, obs);
+    }
     match obs.direction {
         Direction::Forward => forward(opts, obs),
         Direction::Rollback => rollback(opts, obs),
@@ -211,21 +220,29 @@ pub fn next_action(opts: &UpgradeOptions, obs: &Observed) -> Action {
 }
 
 /// Restores the invariants if the observed state breaks them; traffic safety comes before pacing.
-fn repair(obs: &Observed) -> Option<Action> {
+fn repair(opts: &UpgradeOptions, obs: &Observed) -> Option<Action> {
     let (a, p) = (obs.active, obs.pending);
+    // ResourceAware: a cluster giving way may carry up to maxUnavailablePercent more than its capacity (the
+    // pending one only while rolling back).
+    let dip = opts.resource_aware.map_or(0, |ra| ra.max_unavailable_percent);
+    let pending_dip = if obs.direction == Direction::Rollback && p.capacity > 0 {
+        dip
+    } else {
+        0
+    };
     // Weights must sum to 100 and pending weight must not exceed pending capacity.
-    if a.traffic + p.traffic != 100 || p.traffic > p.capacity {
-        let pending = p.traffic.min(p.capacity);
+    if a.traffic + p.traffic != 100 || p.traffic > p.capacity + pending_dip {
+        let pending = p.traffic.min(p.capacity + pending_dip);
         return Some(Action::SetTraffic {
             active: 100 - pending,
             pending,
         });
     }
     // Traffic the active cluster carries needs capacity behind it.
-    if a.traffic > a.capacity {
+    if a.traffic > a.capacity + dip || (a.traffic > 0 && a.capacity == 0) {
         return Some(Action::SetTargetCapacity {
             role: Role::Active,
-            percent: a.traffic,
+            percent: (a.traffic - dip).max(1),
         });
     }
     None
@@ -411,6 +428,9 @@ pub struct Plan {
     /// Serve `target_capacity` changes: each waits for its replicas in a real upgrade.
     pub capacity_changes: usize,
     pub min_duration_seconds: f64,
+    /// The lowest serving capacity on the way: the active capacity plus the pending capacity traffic may
+    /// already use (a raise counts once it is verified). 100 unless ResourceAware dips.
+    pub min_serving_capacity: i32,
 }
 
 /// Upper bound on actions of any upgrade: each traffic step moves >= 1%, each capacity step >= 1%.
@@ -498,10 +518,17 @@ pub fn plan_from(opts: &UpgradeOptions, from: &Observed, first: &str) -> Plan {
     let mut steps = vec![row(&obs, first.to_string())];
     let mut peak = obs.active.capacity + obs.pending.capacity;
     let (mut traffic_steps, mut capacity_changes) = (0, 0);
+    let mut verified_pending = obs.pending.traffic;
+    let mut min_serving = (obs.active.capacity + verified_pending).min(100);
     simulate(opts, &mut obs, |o, action| {
         traffic_steps += usize::from(matches!(action, Action::SetTraffic { .. }));
         capacity_changes += usize::from(matches!(action, Action::SetTargetCapacity { .. }));
         peak = peak.max(o.active.capacity + o.pending.capacity);
+        let raised = matches!(action, Action::SetTargetCapacity { role: Role::Pending, percent } if percent > verified_pending);
+        if !raised {
+            verified_pending = o.pending.capacity;
+        }
+        min_serving = min_serving.min(o.active.capacity + verified_pending);
         steps.push(row(o, describe(action)));
     });
     Plan {
@@ -510,6 +537,7 @@ pub fn plan_from(opts: &UpgradeOptions, from: &Observed, first: &str) -> Plan {
         peak_total_capacity: peak,
         traffic_steps,
         capacity_changes,
+        min_serving_capacity: min_serving.min(100),
     }
 }
 
@@ -573,6 +601,7 @@ pub fn describe(action: Action) -> String {
 }
 
 pub mod decide;
+pub mod resource_aware;
 pub mod slo_gate;
 pub use decide::{StepDecision, decide};
 

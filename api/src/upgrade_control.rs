@@ -14,6 +14,66 @@ pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: i64 = 600;
 pub const DRAIN_ANNOTATION: &str = "rayshift.io/drain-seconds";
 pub const DEFAULT_DRAIN_SECONDS: i64 = 5;
 
+/// When an incremental upgrade runs ResourceAware (issue 18): `always`, `on-stall` (once the pending cluster's
+/// Pods cannot be scheduled for lack of a resource) or `never`; absent: the operator's default.
+pub const RESOURCE_AWARE_ANNOTATION: &str = "rayshift.io/resource-aware";
+/// How far below 100 % the serving capacity may dip in ResourceAware mode (1–99); absent: stepSizePercent.
+pub const MAX_UNAVAILABLE_ANNOTATION: &str = "rayshift.io/max-unavailable-percent";
+/// The bounds of maxUnavailablePercent: at 100 the serving capacity could reach nothing.
+pub const MAX_UNAVAILABLE_PERCENT: std::ops::RangeInclusive<i32> = 1..=99;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ResourceAwareMode {
+    #[default]
+    Never,
+    OnStall,
+    Always,
+}
+
+impl ResourceAwareMode {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.trim() {
+            "never" => Some(Self::Never),
+            "on-stall" => Some(Self::OnStall),
+            "always" => Some(Self::Always),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Never => "never",
+            Self::OnStall => "on-stall",
+            Self::Always => "always",
+        }
+    }
+}
+
+/// The RayService's ResourceAware mode: its annotation, else `default`; `Err` with the raw value when it is
+/// none of the three.
+pub fn resource_aware_mode(
+    annotations: &BTreeMap<String, String>,
+    default: ResourceAwareMode,
+) -> Result<ResourceAwareMode, &str> {
+    match annotations.get(RESOURCE_AWARE_ANNOTATION) {
+        None => Ok(default),
+        Some(raw) => ResourceAwareMode::parse(raw).ok_or(raw.as_str()),
+    }
+}
+
+/// maxUnavailablePercent: the annotation, else the step size; `Err` with the raw value when it is not a
+/// whole percent in [`MAX_UNAVAILABLE_PERCENT`].
+pub fn max_unavailable_percent(annotations: &BTreeMap<String, String>, step: i32) -> Result<i32, &str> {
+    let Some(raw) = annotations.get(MAX_UNAVAILABLE_ANNOTATION) else {
+        return Ok(step.clamp(*MAX_UNAVAILABLE_PERCENT.start(), *MAX_UNAVAILABLE_PERCENT.end()));
+    };
+    raw.trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|v| MAX_UNAVAILABLE_PERCENT.contains(v))
+        .ok_or(raw.as_str())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Control {
     Run,

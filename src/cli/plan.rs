@@ -22,6 +22,13 @@ pub struct Args {
     /// before moving traffic): the expected duration adds it per change.
     #[arg(long, default_value_t = 0.0, value_parser = non_negative_seconds)]
     capacity_wait_seconds: f64,
+    /// Plan it ResourceAware (the active cluster gives way first, by maxUnavailablePercent at most), whatever
+    /// its rayshift.io/resource-aware says; `always` there plans it so too.
+    #[arg(long)]
+    resource_aware: bool,
+    /// ResourceAware: the capacity the cluster holds beyond one full copy, in percent of it.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=100))]
+    spare_capacity_percent: i32,
     #[command(flatten)]
     defaults: DefaultsArgs,
     #[arg(short, long, value_enum, default_value_t)]
@@ -79,6 +86,7 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
             return Ok(ExitCode::from(EXIT_DENIED));
         }
     };
+    let opts = resource_aware(&rs, opts, &args);
     let plan = upgrade::plan(&opts);
     let expected = plan.min_duration_seconds + plan.capacity_changes as f64 * args.capacity_wait_seconds;
     let checks = slo::of(rs.annotations());
@@ -100,6 +108,12 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
                 plan.capacity_changes, args.capacity_wait_seconds
             );
             println!("traffic enters through: {entry}");
+            if let Some(ra) = opts.resource_aware {
+                println!(
+                    "ResourceAware: serving capacity dips to {}% (maxUnavailablePercent {}, spare capacity {}%)",
+                    plan.min_serving_capacity, ra.max_unavailable_percent, ra.spare_percent
+                );
+            }
             print!("{}", slo_table(&checks));
         }
     }
@@ -133,6 +147,25 @@ pub(super) fn slo_table(checks: &[slo::SloCheck]) -> String {
         out += &format!("  (so each gated step comes at least {window}s after the one before it)\n");
     }
     out
+}
+
+/// The options with ResourceAware pacing, when asked for or annotated `always`.
+fn resource_aware(rs: &rayshift_api::RayService, opts: UpgradeOptions, args: &Args) -> UpgradeOptions {
+    let annotations = rs.annotations();
+    let mode = upgrade_control::resource_aware_mode(annotations, Default::default()).unwrap_or_default();
+    if !args.resource_aware && mode != upgrade_control::ResourceAwareMode::Always {
+        return opts;
+    }
+    let step = opts.step_size_percent;
+    let unavailable =
+        upgrade_control::max_unavailable_percent(annotations, step).unwrap_or(step.clamp(1, 99));
+    UpgradeOptions {
+        resource_aware: Some(upgrade::resource_aware::ResourceAware {
+            max_unavailable_percent: unavailable,
+            spare_percent: args.spare_capacity_percent,
+        }),
+        ..opts
+    }
 }
 
 fn non_negative_seconds(text: &str) -> Result<f64, String> {

@@ -637,6 +637,9 @@ fn waiting_message(r: WaitReason) -> &'static str {
         WaitReason::Paused => "Paused by the rayshift.io/upgrade-control annotation",
         WaitReason::Interval => "Waiting for the next interval",
         WaitReason::SloChecks => "Waiting for the SLO checks (rayshift.io/slo-checks) to pass",
+        WaitReason::NoRoom => {
+            "ResourceAware: the active cluster is at its floor (maxUnavailablePercent below its traffic) and the cluster has no room for the pending cluster's next raise"
+        }
         WaitReason::Draining => {
             "Waiting for the drain time (rayshift.io/drain-seconds) before the cluster that lost its traffic goes to target_capacity 0"
         }

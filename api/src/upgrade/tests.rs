@@ -10,6 +10,7 @@ fn opts(surge: i32, step: i32, interval: i64) -> UpgradeOptions {
         step_size_percent: step,
         interval: SignedDuration::from_secs(interval),
         drain: SignedDuration::ZERO,
+        resource_aware: None,
     }
 }
 
@@ -467,15 +468,14 @@ proptest! {
     fn repairs_restore_invariants(opts in options(), ac in 0i32..=100, at in 0i32..=100, pc in 0i32..=100, pt in 0i32..=100) {
         let mut o = observed((ac, at), (pc, pt));
         for _ in 0..3 {
-            match repair(&o) {
+            match repair(&opts, &o) {
                 Some(a) => apply(&mut o, a),
                 None => break,
             }
         }
-        prop_assert!(repair(&o).is_none());
+        prop_assert!(repair(&opts, &o).is_none());
         prop_assert_eq!(o.active.traffic + o.pending.traffic, 100);
         prop_assert!(o.pending.traffic <= o.pending.capacity && o.active.traffic <= o.active.capacity);
-        let _ = opts;
     }
 
     /// The plan of any valid options ends promoted with the expected number of traffic steps.
@@ -1116,5 +1116,189 @@ fn slo_checks_hold_steps_and_roll_back_or_pause() {
     assert!(
         message.contains("last failed SLO check errors: sum(errors) = 0.25"),
         "{message}"
+    );
+}
+
+fn resource_aware_opts(opts: UpgradeOptions, unavailable: i32, spare: i32) -> UpgradeOptions {
+    UpgradeOptions {
+        resource_aware: Some(super::resource_aware::ResourceAware {
+            max_unavailable_percent: unavailable,
+            spare_percent: spare,
+        }),
+        ..opts
+    }
+}
+
+/// What may change between two ResourceAware passes.
+#[derive(Clone, Debug)]
+enum Room {
+    Advance(i64),
+    PendingReady(bool),
+    ActiveReady(bool),
+    RouteReady(bool),
+    /// The upgrade is rolled back from here on.
+    RollBack,
+}
+
+fn room_event() -> impl Strategy<Value = Room> {
+    prop_oneof![
+        4 => (0i64..30).prop_map(Room::Advance),
+        2 => any::<bool>().prop_map(Room::PendingReady),
+        1 => any::<bool>().prop_map(Room::ActiveReady),
+        1 => any::<bool>().prop_map(Room::RouteReady),
+        1 => Just(Room::RollBack),
+    ]
+}
+
+/// The ResourceAware invariants of the two clusters: weights sum to 100; each carries at most
+/// maxUnavailablePercent more than its capacity (the pending one going forward none: only verified capacity,
+/// checked by the caller), and keeps 1 % while it carries any; both together fit the cluster. A rollback's
+/// going cluster may start in the dip the forward walk left it in.
+fn assert_room(obs: &Observed, unavailable: i32, bound: i32) -> Result<(), TestCaseError> {
+    let (a, p) = (obs.active, obs.pending);
+    prop_assert_eq!(a.traffic + p.traffic, 100);
+    if obs.direction == Direction::Forward {
+        prop_assert!(
+            p.traffic <= p.capacity,
+            "traffic above verified capacity: {:?}",
+            p
+        );
+    }
+    for c in [a, p] {
+        prop_assert!(
+            c.traffic - c.capacity <= unavailable,
+            "dip beyond maxUnavailablePercent: {:?}",
+            c
+        );
+        prop_assert!(
+            c.traffic == 0 || c.capacity >= 1,
+            "traffic on a cluster at 0: {:?}",
+            c
+        );
+    }
+    prop_assert!(
+        a.capacity + p.capacity <= bound,
+        "over the cluster's room: {:?} {:?}",
+        a,
+        p
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3_000, ..ProptestConfig::default() })]
+
+    /// ResourceAware (issue 18), from a fresh pending cluster, with readiness, the route and a rollback at any
+    /// moment: the invariants hold after every action, the serving capacity never falls below
+    /// 100 − maxUnavailablePercent, traffic moves only onto verified capacity, and once the world settles the
+    /// upgrade is promoted (or rolled back) whenever the cluster has any spare room.
+    #[test]
+    fn resource_aware_keeps_its_dip_and_finishes(
+        base in options(),
+        unavailable in 1i32..=100,
+        spare in 0i32..=60,
+        script in prop::collection::vec(room_event(), 0..200),
+    ) {
+        let opts = resource_aware_opts(base, unavailable, spare);
+        let bound = 100 + spare;
+        let mut obs = observed((100, 100), (0, 0));
+        let mut script = script.into_iter();
+        let mut outcome = None;
+        for _ in 0..20_000 {
+            match script.next() {
+                Some(Room::Advance(s)) => obs.now = obs.now.checked_add(SignedDuration::from_secs(s)).unwrap(),
+                Some(Room::PendingReady(r)) => obs.pending_capacity_ready = r,
+                Some(Room::ActiveReady(r)) => obs.active_capacity_ready = r,
+                Some(Room::RouteReady(r)) => obs.route_ready = r,
+                Some(Room::RollBack) => obs.direction = Direction::Rollback,
+                None => {
+                    obs.pending_capacity_ready = true;
+                    obs.active_capacity_ready = true;
+                    obs.route_ready = true;
+                }
+            }
+            let before = obs;
+            let action = next_action(&opts, &obs);
+            if let Action::Wait { until, reason } = action {
+                if let Some(t) = until {
+                    obs.now = obs.now.max(t);
+                } else if script.len() == 0 && reason == WaitReason::NoRoom {
+                    prop_assert_eq!(spare, 0, "no room with spare capacity {}", spare);
+                    outcome = Some(action);
+                    break;
+                }
+                continue;
+            }
+            apply(&mut obs, action);
+            if matches!(action, Action::Promote | Action::FinishRollback) {
+                outcome = Some(action);
+                break;
+            }
+            let (going, going_before, ready) = match obs.direction {
+                Direction::Forward => (obs.pending, before.pending, before.pending_capacity_ready),
+                Direction::Rollback => (obs.active, before.active, before.active_capacity_ready),
+            };
+            if going.traffic > going_before.traffic {
+                prop_assert!(ready && before.route_ready, "traffic onto unverified capacity");
+                prop_assert!(going.traffic <= going.capacity, "traffic above capacity: {:?}", going);
+            }
+            let total = |o: &Observed| o.active.capacity + o.pending.capacity;
+            if total(&before) <= bound {
+                assert_room(&obs, unavailable, bound)?;
+            } else {
+                prop_assert!(total(&obs) <= total(&before), "grew while over the room");
+            }
+        }
+        prop_assert!(outcome.is_some(), "neither finished nor waiting for room: {:?}", obs);
+    }
+}
+
+/// `plan` with ResourceAware shows the dip and the cycle: lower the active cluster by maxUnavailablePercent,
+/// raise the pending one by what was freed, move traffic onto it.
+#[test]
+fn resource_aware_plan_shows_the_dip_and_the_cycle() {
+    let opts = resource_aware_opts(opts(25, 25, 10), 25, 25);
+    let p = plan(&opts);
+    let rows: Vec<(i32, i32, i32, i32)> = p
+        .steps
+        .iter()
+        .map(|s| {
+            (
+                s.active_capacity,
+                s.pending_capacity,
+                s.active_traffic,
+                s.pending_traffic,
+            )
+        })
+        .collect();
+    // (active capacity, pending capacity, active traffic, pending traffic)
+    assert_eq!(
+        rows[..7],
+        [
+            (100, 0, 100, 0),
+            (75, 0, 100, 0),
+            (75, 25, 100, 0),
+            (75, 25, 75, 25),
+            (50, 25, 75, 25),
+            (50, 50, 75, 25),
+            (50, 50, 50, 50),
+        ],
+        "{:#?}",
+        p.steps
+    );
+    assert_eq!(p.min_serving_capacity, 75);
+    assert_eq!(
+        p.peak_total_capacity, 101,
+        "the active cluster's last 1 % beside the full pending one"
+    );
+    assert_eq!(p.steps.last().unwrap().action, "promote pending to active");
+    // Without ResourceAware the same options surge and never dip.
+    let surge = plan(&super::UpgradeOptions {
+        resource_aware: None,
+        ..opts
+    });
+    assert_eq!(
+        (surge.min_serving_capacity, surge.peak_total_capacity),
+        (100, 125)
     );
 }

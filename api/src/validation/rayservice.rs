@@ -111,6 +111,7 @@ pub fn validate(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationCo
     let grpc = serve_config.as_ref().and_then(grpc_port_in);
     gateway_attachment(new, annotations, incremental, grpc, &mut v);
     slo_checks(annotations, incremental, &mut v);
+    resource_aware(new, annotations, incremental, &mut v);
     if let Some(old) = old {
         options_changed_mid_upgrade(new, old, &mut v);
     }
@@ -567,6 +568,68 @@ fn interval_against_deadline(
                 "intervalSeconds {i} is not shorter than the progress deadline ({deadline} s): the deadline \
                  counts from the instant each step is due, so a step that cannot be made within {deadline} s \
                  of that instant rolls the upgrade back"
+            ),
+        );
+    }
+}
+
+/// The ResourceAware annotations: a known mode, a maxUnavailablePercent in 1..99, and how it plays with the
+/// step size and the surge.
+fn resource_aware(
+    rs: &RayService,
+    annotations: &BTreeMap<String, String>,
+    incremental: bool,
+    v: &mut Verdict,
+) {
+    use upgrade_control::{MAX_UNAVAILABLE_ANNOTATION as UNAVAILABLE, RESOURCE_AWARE_ANNOTATION as MODE};
+    let field = |key: &str| format!("metadata.annotations[{key}]");
+    let mode = upgrade_control::resource_aware_mode(annotations, Default::default());
+    if let Err(raw) = mode {
+        let why = "one of always, on-stall (when the pending cluster's Pods cannot be scheduled for lack of a resource) or never";
+        v.error(FieldError::invalid(field(MODE), raw, "resource-aware-mode", why));
+    }
+    let options = rs.spec.cluster_upgrade_options();
+    let step = options.and_then(|o| o.step_size_percent).unwrap_or(1);
+    let unavailable = match upgrade_control::max_unavailable_percent(annotations, step) {
+        Ok(u) => u,
+        Err(raw) => {
+            let why = "a whole percent in 1..99: how far below 100 % the serving capacity may dip while the active cluster gives way";
+            v.error(FieldError::invalid(
+                field(UNAVAILABLE),
+                raw,
+                "max-unavailable-percent",
+                why,
+            ));
+            return;
+        }
+    };
+    let annotated = annotations.contains_key(MODE) || annotations.contains_key(UNAVAILABLE);
+    if annotated && !incremental {
+        let why = "ignored: ResourceAware paces NewClusterWithIncrementalUpgrade only";
+        v.warn(field(MODE), "resource-aware-unused", why);
+        return;
+    }
+    if !annotations.contains_key(UNAVAILABLE) {
+        return;
+    }
+    if unavailable < step {
+        v.warn(
+            field(UNAVAILABLE),
+            "max-unavailable-below-step",
+            format!(
+                "maxUnavailablePercent {unavailable} is below stepSizePercent {step}: each ResourceAware cycle frees and moves only {unavailable}%"
+            ),
+        );
+    }
+    let surge = options
+        .and_then(|o| o.max_surge_percent)
+        .unwrap_or(crate::rayservice::DEFAULT_MAX_SURGE_PERCENT);
+    if mode == Ok(upgrade_control::ResourceAwareMode::OnStall) && unavailable < surge {
+        v.warn(
+            field(UNAVAILABLE),
+            "max-unavailable-below-surge",
+            format!(
+                "maxUnavailablePercent {unavailable} is below maxSurgePercent {surge}: a surge that stalls is cut to the {unavailable}% the active cluster frees"
             ),
         );
     }
