@@ -359,3 +359,51 @@ fn plan_lists_the_slo_checks() {
             > json["min_duration_seconds"].as_f64().unwrap() - 1.0
     );
 }
+
+/// `plan --resource-aware`: the active cluster gives way first, the dip is maxUnavailablePercent (the
+/// annotation's, else stepSizePercent), no surge beyond the spare room; `always` in the annotation plans it so.
+#[test]
+fn resource_aware_plan_shows_the_dip() {
+    let seed = sample("rayservice-seed-example.yaml");
+    let json = |args: &[&str]| -> Value {
+        let out = rayshift(&[&["plan", "-o", "json"], args].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let surge = json(&["-f", &seed]);
+    assert_eq!(
+        (
+            surge["min_serving_capacity"].as_i64(),
+            surge["peak_total_capacity"].as_i64()
+        ),
+        (Some(100), Some(120))
+    );
+    let ra = json(&["-f", &seed, "--resource-aware", "--spare-capacity-percent", "5"]);
+    assert_eq!(
+        ra["min_serving_capacity"], 95,
+        "stepSizePercent 5 is the default dip"
+    );
+    assert_eq!(
+        ra["peak_total_capacity"], 105,
+        "the freed 5 % and the spare 5 %, never more"
+    );
+    assert_eq!(
+        ra["steps"].as_array().unwrap().last().unwrap()["action"],
+        "promote pending to active"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let annotated = seed_with_annotations(
+        dir.path(),
+        "    rayshift.io/resource-aware: always\n    rayshift.io/max-unavailable-percent: \"20\"\n",
+    );
+    let ra = json(&["-f", &annotated, "--spare-capacity-percent", "5"]);
+    assert_eq!(ra["min_serving_capacity"], 80);
+    let out = rayshift(&["plan", "-f", &annotated, "--spare-capacity-percent", "5"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "ResourceAware: serving capacity dips to 80% (maxUnavailablePercent 20, spare capacity 5%)"
+        ),
+        "{text}"
+    );
+}
