@@ -1083,3 +1083,87 @@ async fn slo_checks_wait_for_prometheus_pause_on_failure_and_pass() {
     );
     assert!(passed >= 1.0, "{metrics}");
 }
+
+/// Issue 18, with the real kube-scheduler: the pending cluster's GPU workers cannot be placed (the kwok node
+/// has no nvidia.com/gpu), so its capacity never comes (the fake dashboard runs no replicas for new clusters:
+/// kwok's Pods run no Ray). Without ResourceAware the upgrade says what is short (Progressing=False,
+/// InsufficientResources, naming the GPUs) and the progress deadline rolls it back; with
+/// `rayshift.io/resource-aware: on-stall` it switches, and the active cluster gives way by maxUnavailablePercent
+/// (its capacity 75 % under all the traffic), then the deadline rolls that back too, to 100 %.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unschedulable_gpu_workers_stall_the_upgrade_and_on_stall_switches_to_resource_aware() {
+    let env = Env::new("stall").await;
+    let mut rs = support::incremental::rayservice(50, 25, 1, "ray:1");
+    rs["metadata"]["annotations"] = json!({"rayshift.io/progress-deadline-seconds": "8"});
+    // Two GPU workers at least (a new cluster starts at its minimum: no autoscaler runs here).
+    let workers = &mut rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0];
+    workers["minReplicas"] = json!(2);
+    workers["replicas"] = json!(2);
+    workers["template"]["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    let rs: rayshift_api::RayService = serde_json::from_value(rs).unwrap();
+    env.rayservices()
+        .create(&kube::api::PostParams::default(), &rs)
+        .await
+        .unwrap();
+    let old = env
+        .eventually("the first cluster active", 60, || async {
+            let rs = env.get().await;
+            (pending(&rs).is_none()).then_some(active(&rs)?)
+        })
+        .await;
+    env.dashboard.new_clusters.lock().unwrap().max_running = Some(0);
+    let observer = env.observe(50);
+    env.upgrade_to("ray:2").await;
+    let said = env
+        .eventually("Progressing=False, InsufficientResources", 60, || async {
+            let rs = env.get().await;
+            let c = rs
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Progressing")?;
+            (c.reason == "InsufficientResources").then_some(c.message)
+        })
+        .await;
+    assert!(
+        said.contains("nvidia.com/gpu for") && said.contains("Insufficient nvidia.com/gpu"),
+        "{said}"
+    );
+    let rolled_back = || async {
+        let rs = env.get().await;
+        (pending(&rs).is_none() && active(&rs).as_deref() == Some(old.as_str())).then_some(())
+    };
+    env.eventually("rolled back by the deadline", 60, rolled_back)
+        .await;
+    let events = env.events().await;
+    for reason in ["PendingClusterUnschedulable", "ProgressDeadlineExceeded"] {
+        assert!(events.iter().any(|e| e == reason), "{reason}: {events:?}");
+    }
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    // on-stall: the switch, and the dip.
+    env.patch(json!({"metadata": {"annotations": {
+        "rayshift.io/resource-aware": "on-stall", "rayshift.io/max-unavailable-percent": "25"}}}))
+        .await;
+    env.upgrade_to("ray:3").await;
+    env.eventually("the active cluster at 75 % under all the traffic", 60, || async {
+        let ((active_capacity, active_traffic), _) = env.levels().await;
+        (active_capacity == 75 && active_traffic == 100).then_some(())
+    })
+    .await;
+    let switched = env.event_notes("ResourceAwareMode");
+    assert!(
+        switched
+            .iter()
+            .any(|(n, _)| n.contains("at or above 75%") && n.contains("nvidia.com/gpu")),
+        "{switched:?}"
+    );
+    env.eventually("rolled back to 100 % by the deadline", 60, || async {
+        let rs = env.get().await;
+        let a = rs.status.as_ref()?.active_service_status.clone()?;
+        (pending(&rs).is_none()
+            && active(&rs).as_deref() == Some(old.as_str())
+            && a.target_capacity == Some(100))
+        .then_some(())
+    })
+    .await;
+}

@@ -41,6 +41,12 @@ pub struct UpgradeProgress {
     /// The last evaluation of each SLO check (`rayshift.io/slo-checks`) in the running upgrade.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slo_checks: Vec<SloCheckStatus>,
+    /// What the pending cluster's unschedulable Pods lack, while they do (`stall::Stall::describe`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_stall: Option<String>,
+    /// When the running upgrade switched to ResourceAware pacing (`rayshift.io/resource-aware: on-stall`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_aware_since: Option<Timestamp>,
 }
 
 /// A check's last evaluation, and how many failed in a row.

@@ -141,6 +141,8 @@ pub struct Observed {
     pub active_capacity_ready: bool,
     /// The pending cluster's dashboard answers, so its capacity can be changed.
     pub pending_reachable: bool,
+    /// The pending cluster's Pods cannot be scheduled for lack of a resource.
+    pub pending_stalled: bool,
     /// Paused by the user: hold everything.
     pub paused: bool,
     /// Promote requested by the user: skip the interval waits.
@@ -453,6 +455,7 @@ fn fresh_start(now: Timestamp) -> Observed {
         pending_capacity_ready: true,
         active_capacity_ready: true,
         pending_reachable: true,
+        pending_stalled: false,
         paused: false,
         hurry: false,
         now,
@@ -466,6 +469,7 @@ fn ready_at_once(obs: &Observed) -> Observed {
         pending_capacity_ready: true,
         active_capacity_ready: true,
         pending_reachable: true,
+        pending_stalled: false,
         paused: false,
         ..*obs
     }

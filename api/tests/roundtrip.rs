@@ -142,6 +142,8 @@ fn the_reconcile_component_keeps_every_progress_field() {
             time: t,
             failures: 1,
         }],
+        pending_stall: Some("short of 1 nvidia.com/gpu".into()),
+        resource_aware_since: Some(t),
     };
     let mut fields: Vec<String> = serde_json::to_value(&full)
         .unwrap()

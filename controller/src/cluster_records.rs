@@ -7,12 +7,16 @@
 
 use std::collections::HashMap;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+use rayshift_api::stall::Stall;
+
+#[derive(Clone, Debug, Default, PartialEq)]
 struct ClusterRecord {
     pushed_config: Option<String>,
     proxy_failures: u32,
     /// The capacity the last reads verified, and how many reads in a row did.
     verified: Option<(i32, u32)>,
+    /// When its Pods were last checked for a scheduling stall, and what was found.
+    scheduling: Option<(std::time::Instant, Option<Stall>)>,
 }
 
 /// Records of every cluster, by owner uid, then cluster name.
@@ -28,6 +32,22 @@ impl ClusterRecords {
             .or_default()
             .entry(cluster.to_string())
             .or_default()
+    }
+
+    /// The last scheduling check of a cluster's Pods, if it is younger than `fresh` (a pass waiting for capacity
+    /// comes every few tens of milliseconds; its Pods need not be listed as often).
+    pub fn stall_checked(
+        &self,
+        owner: &str,
+        cluster: &str,
+        fresh: std::time::Duration,
+    ) -> Option<Option<Stall>> {
+        let (at, stall) = self.by_owner.get(owner)?.get(cluster)?.scheduling.as_ref()?;
+        (at.elapsed() < fresh).then(|| stall.clone())
+    }
+
+    pub fn set_stall(&mut self, owner: &str, cluster: &str, stall: Option<Stall>) {
+        self.record(owner, cluster).scheduling = Some((std::time::Instant::now(), stall));
     }
 
     pub fn pushed_config(&self, owner: &str, cluster: &str) -> Option<&str> {

@@ -74,6 +74,8 @@ pub struct ControllerOptions {
     pub concurrency: u16,
     /// The Prometheus that evaluates SLO checks.
     pub prometheus_url: Option<String>,
+    /// ResourceAware pacing of RayServices without `rayshift.io/resource-aware`.
+    pub resource_aware: rayshift_api::upgrade_control::ResourceAwareMode,
 }
 
 /// A pass mostly waits on the apiserver and dashboards, so a few per core keep two cores busy; unbounded,
@@ -97,6 +99,7 @@ impl Default for ControllerOptions {
             serve_health_url_template: dashboard::DEFAULT_HEALTH_URL_TEMPLATE.to_string(),
             concurrency: DEFAULT_CONCURRENCY,
             prometheus_url: None,
+            resource_aware: Default::default(),
         }
     }
 }

@@ -7,6 +7,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 use prometheus::Registry;
+use rayshift_api::upgrade_control::ResourceAwareMode;
 use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER};
 use rayshift_controller::{ControllerOptions, Mode, dashboard};
 
@@ -52,6 +53,11 @@ pub struct ControllerArgs {
     /// its first.
     #[arg(long, value_parser = http_url)]
     prometheus_url: Option<String>,
+    /// When incremental upgrades of RayServices without rayshift.io/resource-aware pace ResourceAware (the
+    /// active cluster gives way first): never, on-stall (once the pending cluster's Pods cannot be scheduled for
+    /// lack of a resource) or always.
+    #[arg(long, default_value = "never", value_parser = resource_aware_mode)]
+    resource_aware: ResourceAwareMode,
     /// Timeout of one Ray dashboard request.
     #[arg(long, default_value = "2", value_parser = duration_at_least(0.1))]
     dashboard_timeout_seconds: Duration,
@@ -118,6 +124,7 @@ impl ControllerArgs {
             serve_health_interval: self.serve_health_interval_seconds,
             concurrency: self.concurrency,
             prometheus_url: self.prometheus_url.clone(),
+            resource_aware: self.resource_aware,
             ..ControllerOptions::default()
         }
     }
@@ -273,4 +280,8 @@ fn http_url(s: &str) -> Result<String, String> {
     } else {
         Err(format!("{s:?} is not an http:// or https:// URL"))
     }
+}
+
+fn resource_aware_mode(s: &str) -> Result<ResourceAwareMode, String> {
+    ResourceAwareMode::parse(s).ok_or_else(|| format!("{s:?} is not never, on-stall or always"))
 }

@@ -13,7 +13,8 @@ use crate::{
     progress::{AbortReason, Steering},
     rayservice::{ClusterServiceStatus, RayServiceStatuses},
     slo::{Evaluation, SloCheck},
-    upgrade_control::Control,
+    stall::Stall,
+    upgrade_control::{Control, ResourceAwareMode},
 };
 
 /// Condition type: True while steps happen on schedule, False with the reason while the upgrade waits.
@@ -35,6 +36,10 @@ pub struct Settings {
     pub capacity_poll: SignedDuration,
     /// The RayService's SLO checks (`rayshift.io/slo-checks`): forward traffic steps wait for them.
     pub slo_checks: Vec<SloCheck>,
+    /// When the upgrade paces ResourceAware (`rayshift.io/resource-aware`, else the operator's default).
+    pub resource_aware: ResourceAwareMode,
+    /// How far the serving capacity may dip then (`rayshift.io/max-unavailable-percent`).
+    pub max_unavailable_percent: i32,
 }
 
 /// One cluster of the upgrade as the pass saw it.
@@ -62,6 +67,8 @@ pub struct Observation {
     pub route_ready: bool,
     /// The SLO checks evaluated this pass (those [`slo_gate::due`] named).
     pub slo: Vec<Evaluation>,
+    /// The pending cluster's Pods the scheduler cannot place for lack of a resource.
+    pub pending_stall: Option<Stall>,
 }
 
 /// The one write the pass makes besides the route and the status.
@@ -184,7 +191,8 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
     ) {
         return d;
     }
-    let mut action = next_action(&s.options, &observed);
+    let pacing = pacing(&mut d, seen, &observed, s, now);
+    let mut action = next_action(&pacing, &observed);
     if slo_gate::holds(&action, &observed, &d.status, s) {
         action = Action::Wait {
             until: None,
@@ -341,9 +349,53 @@ fn steer(
         pending_capacity_ready: pending.reachable && pending.capacity_verified,
         active_capacity_ready: active.reachable && active.capacity_verified,
         pending_reachable: pending.reachable,
+        pending_stalled: seen.pending_stall.is_some(),
         paused: s.control == Control::Pause,
         hurry: s.control == Control::Promote,
         now,
+    }
+}
+
+/// The pacing of this pass: the spec's, ResourceAware when the RayService says `always`, or once an upgrade
+/// with `on-stall` found its pending cluster unschedulable for lack of a resource (recorded, so it stays so).
+/// Records the stall itself, with an event when it begins.
+fn pacing(
+    d: &mut StepDecision,
+    seen: &Observation,
+    o: &Observed,
+    s: &Settings,
+    now: Timestamp,
+) -> UpgradeOptions {
+    let progress = &mut d.status.progress;
+    let stall = seen.pending_stall.as_ref().map(Stall::describe);
+    if stall.is_some() && progress.pending_stall.is_none() {
+        let note = format!("Pending RayCluster {}", stall.clone().unwrap_or_default());
+        d.notices
+            .push(Notice::warning("PendingClusterUnschedulable", "Reconcile", note));
+    }
+    progress.pending_stall.clone_from(&stall);
+    let switch = s.resource_aware == ResourceAwareMode::OnStall
+        && stall.is_some()
+        && o.direction == Direction::Forward
+        && progress.resource_aware_since.is_none();
+    if switch {
+        progress.resource_aware_since = Some(now);
+        let note = format!(
+            "Switched to ResourceAware pacing (rayshift.io/resource-aware: on-stall): the active cluster gives way first, serving capacity stays at or above {}%; {}",
+            100 - s.max_unavailable_percent,
+            stall.unwrap_or_default()
+        );
+        d.notices
+            .push(Notice::warning("ResourceAwareMode", "Reconcile", note));
+    }
+    let on = s.resource_aware == ResourceAwareMode::Always || progress.resource_aware_since.is_some();
+    UpgradeOptions {
+        // Live, the room beyond one full copy is taken to be one step's workers: what a cluster needs to finish.
+        resource_aware: on.then_some(super::resource_aware::ResourceAware {
+            max_unavailable_percent: s.max_unavailable_percent,
+            spare_percent: s.options.step_size_percent,
+        }),
+        ..s.options
     }
 }
 
@@ -608,6 +660,11 @@ fn set_progressing(
             );
             merge_conditions(status, &[w], &[], s, now);
         }
+        (true, Some(WaitReason::PendingCapacityNotReady)) if status.progress.pending_stall.is_some() => {
+            let message = status.progress.pending_stall.clone().unwrap_or_default();
+            let w = Wanted::new(PROGRESSING, false, "InsufficientResources", message);
+            merge_conditions(status, &[w], &[], s, now);
+        }
         (true, Some(r)) => {
             let message = match r {
                 WaitReason::SloChecks => slo_gate::waiting(status, s, last_step_time(status)),
@@ -690,6 +747,7 @@ pub fn observed_in_status(status: &RayServiceStatuses, control: Control, now: Ti
         pending_capacity_ready: true,
         active_capacity_ready: true,
         pending_reachable: true,
+        pending_stalled: false,
         paused: control == Control::Pause,
         hurry: control == Control::Promote,
         now,

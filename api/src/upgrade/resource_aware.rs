@@ -61,8 +61,13 @@ fn forward(opts: &UpgradeOptions, ra: ResourceAware, obs: &Observed) -> Action {
             percent: (bound - a.capacity).max(p.traffic),
         };
     }
-    // Traffic follows the pending cluster's verified capacity, step by step.
+    // Traffic follows the pending cluster's verified capacity, step by step. A raise the scheduler cannot place
+    // first gets what the active cluster can still give.
     if p.traffic < p.capacity {
+        let floor = ra.floor(a.traffic);
+        if obs.pending_stalled && !obs.pending_capacity_ready && floor < a.capacity {
+            return lower(opts, obs, Role::Active, floor);
+        }
         return traffic_step(opts, obs, p);
     }
     // Caught up. The active cluster gives way first, down to its floor (0 once it carries nothing): what it
@@ -108,6 +113,7 @@ fn swapped(obs: &Observed) -> Observed {
         pending: obs.active,
         pending_capacity_ready: obs.active_capacity_ready,
         active_capacity_ready: obs.pending_capacity_ready,
+        pending_stalled: false,
         // A rollback is never held by a promote's hurry.
         hurry: false,
         ..*obs

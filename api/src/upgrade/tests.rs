@@ -34,6 +34,7 @@ fn observed(active: (i32, i32), pending: (i32, i32)) -> Observed {
         pending_capacity_ready: true,
         active_capacity_ready: true,
         pending_reachable: true,
+        pending_stalled: false,
         paused: false,
         hurry: false,
         now: t(1000),
@@ -623,6 +624,8 @@ proptest! {
             serve_poll: SignedDuration::from_secs(2),
             capacity_poll: SignedDuration::from_millis(50),
             slo_checks: slo.map(slo_check).into_iter().collect(),
+            resource_aware: Default::default(),
+            max_unavailable_percent: 10,
         };
         let mut answer = SloAnswer::Good;
         let cluster = |name: &str, digest: &str| ClusterSeen {
@@ -637,6 +640,7 @@ proptest! {
             pending: Some(cluster("p", "goal")),
             route_ready: false,
             slo: Vec::new(),
+            pending_stall: None,
         };
         let mut script = script.into_iter();
         let mut aborted = false;
@@ -767,6 +771,8 @@ fn decide_settings(control: crate::upgrade_control::Control) -> decide::Settings
         serve_poll: SignedDuration::from_secs(2),
         capacity_poll: SignedDuration::from_millis(50),
         slo_checks: Vec::new(),
+        resource_aware: Default::default(),
+        max_unavailable_percent: 10,
     }
 }
 
@@ -783,6 +789,7 @@ fn both_ready() -> decide::Observation {
         pending: Some(seen("p", "goal")),
         route_ready: true,
         slo: Vec::new(),
+        pending_stall: None,
     }
 }
 
@@ -1301,4 +1308,71 @@ fn resource_aware_plan_shows_the_dip_and_the_cycle() {
         (surge.min_serving_capacity, surge.peak_total_capacity),
         (100, 125)
     );
+}
+
+/// `on-stall`: a pending cluster the scheduler cannot place is a condition and an event; the upgrade switches
+/// to ResourceAware once (recorded in the status, so it stays so) and the active cluster gives way within
+/// maxUnavailablePercent, before the pending capacity was verified.
+#[test]
+fn a_stall_switches_an_on_stall_upgrade_to_resource_aware() {
+    use crate::upgrade_control::{Control, ResourceAwareMode};
+    let mut settings = decide_settings(Control::Run);
+    settings.resource_aware = ResourceAwareMode::OnStall;
+    settings.max_unavailable_percent = 20;
+    let stall = crate::stall::Stall {
+        shortfalls: vec![crate::stall::Shortfall {
+            resource: "nvidia.com/gpu".into(),
+            pods: 2,
+            requested: 2.0,
+        }],
+        message: "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.".into(),
+    };
+    let mut seen = both_ready();
+    // The surge raise is made; its capacity does not come.
+    let d = decide(&seen, &upgrade_status(), &settings, t(100));
+    seen.pending.as_mut().unwrap().capacity_verified = false;
+    seen.pending_stall = Some(stall);
+    let d = decide(&seen, &d.status, &settings, t(101));
+    let reasons: Vec<&str> = d.notices.iter().map(|n| n.reason).collect();
+    assert_eq!(
+        reasons,
+        [
+            "PendingClusterUnschedulable",
+            "ResourceAwareMode",
+            "UpdatedServeTargetCapacity"
+        ]
+    );
+    assert_eq!(d.status.progress.resource_aware_since, Some(t(101)));
+    assert_eq!(
+        levels_of(&d.status).active,
+        Levels {
+            capacity: 80,
+            traffic: 100
+        },
+        "the dip, within 20 %"
+    );
+    // Next pass: no second switch; Progressing says what is short.
+    let d = decide(&seen, &d.status, &settings, t(102));
+    assert!(d.notices.iter().all(|n| n.reason != "ResourceAwareMode"));
+    let c = progressing_condition(&d.status);
+    assert_eq!(c.reason, "InsufficientResources");
+    assert!(
+        c.message.contains("short of 2 nvidia.com/gpu for 2 Pod(s)"),
+        "{}",
+        c.message
+    );
+    // Without on-stall: the condition, no switch, no dip.
+    settings.resource_aware = ResourceAwareMode::Never;
+    let mut status = upgrade_status();
+    seen.pending.as_mut().unwrap().capacity_verified = true;
+    seen.pending_stall = None;
+    status = decide(&seen, &status, &settings, t(100)).status;
+    seen.pending.as_mut().unwrap().capacity_verified = false;
+    seen.pending_stall = Some(crate::stall::Stall {
+        shortfalls: vec![],
+        message: String::new(),
+    });
+    let d = decide(&seen, &status, &settings, t(101));
+    assert_eq!(d.status.progress.resource_aware_since, None);
+    assert_eq!(levels_of(&d.status).active.capacity, 100);
 }
