@@ -35,6 +35,10 @@ const UPGRADE_BUCKETS: &[f64] = &[
 pub struct ServiceView {
     pub phase: &'static str,
     pub paused: bool,
+    /// The running upgrade paces ResourceAware, switched on a stall (issue 18).
+    pub resource_aware: bool,
+    /// Its pending cluster's Pods cannot be scheduled for lack of a resource.
+    pub stalled: bool,
     pub rollback: bool,
     pub seconds_until_next_step: Option<f64>,
     pub last_step_unix: Option<f64>,
@@ -76,6 +80,8 @@ impl ServiceView {
         ServiceView {
             phase,
             paused,
+            resource_aware: status.progress.resource_aware_since.is_some(),
+            stalled: status.progress.pending_stall.is_some(),
             rollback,
             seconds_until_next_step: until,
             last_step_unix: last_step.map(|t| t.as_millisecond() as f64 / 1000.0),
@@ -92,6 +98,8 @@ pub struct Metrics {
     upgrade_in_progress: GaugeVec,
     rollback_in_progress: GaugeVec,
     paused: GaugeVec,
+    resource_aware: GaugeVec,
+    stalled: GaugeVec,
     last_step: GaugeVec,
     until_next_step: GaugeVec,
     expected_completion: GaugeVec,
@@ -140,6 +148,16 @@ impl Metrics {
             paused: r.gauges(
                 "rayshift_rayservice_upgrade_paused",
                 "1 while the incremental upgrade is paused.",
+                svc,
+            )?,
+            resource_aware: r.gauges(
+                "rayshift_rayservice_upgrade_resource_aware",
+                "1 while the incremental upgrade paces ResourceAware after its pending cluster stalled (rayshift.io/resource-aware: on-stall).",
+                svc,
+            )?,
+            stalled: r.gauges(
+                "rayshift_rayservice_pending_cluster_unschedulable",
+                "1 while the pending cluster's Pods cannot be scheduled for lack of a resource.",
                 svc,
             )?,
             last_step: r.gauges(
@@ -271,6 +289,8 @@ impl Metrics {
         set(&self.upgrade_in_progress, ns, name, pending && active);
         set(&self.rollback_in_progress, ns, name, view.rollback);
         set(&self.paused, ns, name, view.paused);
+        set(&self.resource_aware, ns, name, view.resource_aware);
+        set(&self.stalled, ns, name, view.stalled);
         self.until_next_step
             .with_label_values(&[ns, name])
             .set(view.seconds_until_next_step.unwrap_or(0.0));
@@ -345,6 +365,8 @@ impl Metrics {
             &self.upgrade_in_progress,
             &self.rollback_in_progress,
             &self.paused,
+            &self.resource_aware,
+            &self.stalled,
             &self.last_step,
             &self.until_next_step,
             &self.expected_completion,

@@ -43,6 +43,8 @@ pub struct StatusView {
     upgrade_start_time: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     last_traffic_step_time: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource_aware_since: Option<Timestamp>,
     /// The SLO checks' last evaluations in the running upgrade.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     slo_checks: Vec<rayshift_api::progress::SloCheckStatus>,
@@ -154,6 +156,7 @@ fn view(rs: &RayService, events: Vec<EventRow>, now: Timestamp) -> StatusView {
         upgrade_start_time: status.progress.upgrade_start_time,
         last_traffic_step_time: upgrade::decide::last_step_time(&status),
         slo_checks: status.progress.slo_checks.clone(),
+        resource_aware_since: status.progress.resource_aware_since,
         events,
     }
 }
@@ -259,6 +262,12 @@ fn text(v: &StatusView, wide: bool, now: Timestamp) -> String {
     }
     if let Some(c) = &v.control {
         let _ = writeln!(out, "Control: {c} (rayshift.io/upgrade-control)");
+    }
+    if let Some(t) = v.resource_aware_since {
+        let _ = writeln!(
+            out,
+            "ResourceAware since {t}: the pending cluster stalled for lack of a resource, so the active cluster gives way first (rayshift.io/resource-aware: on-stall)"
+        );
     }
     for c in &v.slo_checks {
         let age = duration(now.duration_since(c.time).as_secs_f64().max(0.0));
