@@ -1010,13 +1010,8 @@ async fn slo_checks_wait_for_prometheus_pause_on_failure_and_pass() {
     env.pending_traffic_at_least(50, 30).await;
     let waiting = env
         .eventually("WaitingForSloChecks, Prometheus unreachable", 30, || async {
-            let rs = env.get().await;
-            let c = rs
-                .status?
-                .conditions?
-                .into_iter()
-                .find(|c| c.type_ == "Progressing")?;
-            (c.reason == "WaitingForSloChecks" && c.message.contains("unavailable")).then_some(c.message)
+            let (reason, message) = support::status::progressing(&env.get().await)?;
+            (reason == "WaitingForSloChecks" && message.contains("unavailable")).then_some(message)
         })
         .await;
     assert!(
@@ -1116,13 +1111,8 @@ async fn unschedulable_gpu_workers_stall_the_upgrade_and_on_stall_switches_to_re
     env.upgrade_to("ray:2").await;
     let said = env
         .eventually("Progressing=False, InsufficientResources", 60, || async {
-            let rs = env.get().await;
-            let c = rs
-                .status?
-                .conditions?
-                .into_iter()
-                .find(|c| c.type_ == "Progressing")?;
-            (c.reason == "InsufficientResources").then_some(c.message)
+            let (reason, message) = support::status::progressing(&env.get().await)?;
+            (reason == "InsufficientResources").then_some(message)
         })
         .await;
     assert!(

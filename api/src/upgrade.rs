@@ -277,6 +277,11 @@ fn forward(opts: &UpgradeOptions, obs: &Observed) -> Action {
             };
         }
     }
+    traffic_step(opts, obs)
+}
+
+/// The next traffic step onto the pending cluster's verified capacity, once it is due.
+fn traffic_step(opts: &UpgradeOptions, obs: &Observed) -> Action {
     if !obs.pending_capacity_ready {
         return wait(WaitReason::PendingCapacityNotReady);
     }
@@ -286,6 +291,7 @@ fn forward(opts: &UpgradeOptions, obs: &Observed) -> Action {
             reason: WaitReason::Interval,
         };
     }
+    let p = obs.pending;
     let pending = (p.traffic + opts.step_size_percent).min(p.capacity).min(100);
     Action::SetTraffic {
         active: 100 - pending,

@@ -44,3 +44,10 @@ pub fn condition(rs: &RayService, type_: &str) -> Option<(String, String)> {
         .find(|c| c.type_ == type_)
         .map(|c| (c.status.clone(), c.reason.clone()))
 }
+
+/// The `Progressing` condition's reason and message.
+pub fn progressing(rs: &RayService) -> Option<(String, String)> {
+    let conditions = rs.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == "Progressing")?;
+    Some((c.reason.clone(), c.message.clone()))
+}

@@ -11,7 +11,7 @@
 //! with any spare capacity the upgrade finishes. Without any, the last replica of the active cluster has
 //! nowhere to go: a cluster needs one full copy plus one step's workers (issue 18's acceptance).
 
-use super::{Action, Direction, Levels, Observed, Role, UpgradeOptions, WaitReason, lower, step_due, wait};
+use super::{Action, Direction, Observed, Role, UpgradeOptions, WaitReason, lower, traffic_step, wait};
 
 /// How far a ResourceAware upgrade may dip, and how much room the cluster has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +68,7 @@ fn forward(opts: &UpgradeOptions, ra: ResourceAware, obs: &Observed) -> Action {
         if obs.pending_stalled && !obs.pending_capacity_ready && floor < a.capacity {
             return lower(opts, obs, Role::Active, floor);
         }
-        return traffic_step(opts, obs, p);
+        return traffic_step(opts, obs);
     }
     // Caught up. The active cluster gives way first, down to its floor (0 once it carries nothing): what it
     // frees is what a full cluster has to give ...
@@ -87,23 +87,6 @@ fn forward(opts: &UpgradeOptions, ra: ResourceAware, obs: &Observed) -> Action {
     }
     // A cluster without spare room: the active cluster's last 1 % has nowhere to go.
     wait(WaitReason::NoRoom)
-}
-
-fn traffic_step(opts: &UpgradeOptions, obs: &Observed, p: Levels) -> Action {
-    if !obs.pending_capacity_ready {
-        return wait(WaitReason::PendingCapacityNotReady);
-    }
-    if let Some(due) = step_due(opts, obs) {
-        return Action::Wait {
-            until: Some(due),
-            reason: WaitReason::Interval,
-        };
-    }
-    let pending = (p.traffic + opts.step_size_percent).min(p.capacity);
-    Action::SetTraffic {
-        active: 100 - pending,
-        pending,
-    }
 }
 
 /// The rollback seen as an upgrade onto the active cluster.
