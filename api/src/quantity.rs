@@ -25,6 +25,15 @@ pub fn parse(q: &str) -> Option<f64> {
     value.is_finite().then_some(value)
 }
 
+/// An amount as people write it: `2`, not `2.0`; `0.5` as is.
+pub fn shown(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse;

@@ -34,21 +34,20 @@ impl Stall {
         let short: Vec<String> = self
             .shortfalls
             .iter()
-            .map(|s| format!("{} {} for {} Pod(s)", trim(s.requested), s.resource, s.pods))
+            .map(|s| {
+                format!(
+                    "{} {} for {} Pod(s)",
+                    quantity::shown(s.requested),
+                    s.resource,
+                    s.pods
+                )
+            })
             .collect();
         format!(
             "pending-cluster Pods cannot be scheduled, short of {} (scheduler: {})",
             short.join(", "),
             self.message.trim()
         )
-    }
-}
-
-fn trim(v: f64) -> String {
-    if v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v}")
     }
 }
 

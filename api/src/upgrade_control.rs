@@ -49,29 +49,53 @@ impl ResourceAwareMode {
     }
 }
 
-/// The RayService's ResourceAware mode: its annotation, else `default`; `Err` with the raw value when it is
-/// none of the three.
+/// The mode annotation: `None` when absent, else its mode or `Err` with its raw value.
+fn annotated_mode(annotations: &BTreeMap<String, String>) -> Option<Result<ResourceAwareMode, &str>> {
+    let raw = annotations.get(RESOURCE_AWARE_ANNOTATION)?;
+    Some(ResourceAwareMode::parse(raw).ok_or(raw.as_str()))
+}
+
+/// The RayService's ResourceAware mode: its annotation, else `default` (the operator's; also when the
+/// annotation is none of the three, which admission denies).
 pub fn resource_aware_mode(
     annotations: &BTreeMap<String, String>,
     default: ResourceAwareMode,
-) -> Result<ResourceAwareMode, &str> {
-    match annotations.get(RESOURCE_AWARE_ANNOTATION) {
-        None => Ok(default),
-        Some(raw) => ResourceAwareMode::parse(raw).ok_or(raw.as_str()),
-    }
+) -> ResourceAwareMode {
+    annotated_mode(annotations)
+        .and_then(Result::ok)
+        .unwrap_or(default)
 }
 
-/// maxUnavailablePercent: the annotation, else the step size; `Err` with the raw value when it is not a
-/// whole percent in [`MAX_UNAVAILABLE_PERCENT`].
-pub fn max_unavailable_percent(annotations: &BTreeMap<String, String>, step: i32) -> Result<i32, &str> {
-    let Some(raw) = annotations.get(MAX_UNAVAILABLE_ANNOTATION) else {
-        return Ok(step.clamp(*MAX_UNAVAILABLE_PERCENT.start(), *MAX_UNAVAILABLE_PERCENT.end()));
-    };
-    raw.trim()
-        .parse::<i32>()
-        .ok()
-        .filter(|v| MAX_UNAVAILABLE_PERCENT.contains(v))
-        .ok_or(raw.as_str())
+/// The mode annotation's value when it is none of the three (admission denies it).
+pub fn invalid_resource_aware_mode(annotations: &BTreeMap<String, String>) -> Option<&str> {
+    annotated_mode(annotations).and_then(Result::err)
+}
+
+/// The maxUnavailablePercent annotation: `None` when absent, else a whole percent in
+/// [`MAX_UNAVAILABLE_PERCENT`] or `Err` with its raw value.
+fn annotated_max_unavailable(annotations: &BTreeMap<String, String>) -> Option<Result<i32, &str>> {
+    let raw = annotations.get(MAX_UNAVAILABLE_ANNOTATION)?;
+    Some(
+        raw.trim()
+            .parse::<i32>()
+            .ok()
+            .filter(|v| MAX_UNAVAILABLE_PERCENT.contains(v))
+            .ok_or(raw.as_str()),
+    )
+}
+
+/// maxUnavailablePercent: the annotation, else the step size (within [`MAX_UNAVAILABLE_PERCENT`]; also when
+/// the annotation is not a whole percent there, which admission denies).
+pub fn max_unavailable_percent(annotations: &BTreeMap<String, String>, step: i32) -> i32 {
+    let default = step.clamp(*MAX_UNAVAILABLE_PERCENT.start(), *MAX_UNAVAILABLE_PERCENT.end());
+    annotated_max_unavailable(annotations)
+        .and_then(Result::ok)
+        .unwrap_or(default)
+}
+
+/// The maxUnavailablePercent annotation's value when it is not a whole percent in 1..99 (admission denies it).
+pub fn invalid_max_unavailable(annotations: &BTreeMap<String, String>) -> Option<&str> {
+    annotated_max_unavailable(annotations).and_then(Result::err)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -181,13 +181,11 @@ fn settings(p: &Pass<'_>) -> Result<Settings> {
         deadline: SignedDuration::from_secs(deadline),
         goal_digest: p.goal_spec.to_string(),
         slo_checks: rayshift_api::slo::of(annotations),
-        resource_aware: upgrade_control::resource_aware_mode(annotations, p.ctx.options.resource_aware)
-            .unwrap_or(p.ctx.options.resource_aware),
+        resource_aware: upgrade_control::resource_aware_mode(annotations, p.ctx.options.resource_aware),
         max_unavailable_percent: upgrade_control::max_unavailable_percent(
             annotations,
             options.step_size_percent,
-        )
-        .unwrap_or(options.step_size_percent.clamp(1, 99)),
+        ),
         namespace: p.ns.to_string(),
         generation: p.rs.metadata.generation.unwrap_or_default(),
         serve_poll: duration(p.ctx.options.serve_poll_interval),
@@ -222,43 +220,34 @@ async fn observe(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatu
         })
     };
     let both = p.active.is_some() && p.pending.is_some();
+    let pending = seen(p.pending, p.pending_serve, p.pending_serving, Role::Pending);
+    let pending_stall = match (&pending, both) {
+        (Some(c), true) if !(c.reachable && c.capacity_verified) => pending_stall(p, &c.name).await?,
+        _ => None,
+    };
     Ok(Observation {
         active: seen(p.active, p.active_serve, p.active_serving, Role::Active),
-        pending: seen(p.pending, p.pending_serve, p.pending_serving, Role::Pending),
+        pending,
         route_ready: both
             && (p.ctx.options.skip_gateway_status_check || route_ready(p, attachment, status).await?),
         slo: Vec::new(),
-        pending_stall: pending_stall(p, status).await?,
+        pending_stall,
     })
 }
 
-/// What the pending cluster's Pods lack, while an upgrade waits for its capacity: read from its Pods (only
-/// then, so a settled RayService costs no Pod list).
-async fn pending_stall(
-    p: &Pass<'_>,
-    status: &RayServiceStatuses,
-) -> Result<Option<rayshift_api::stall::Stall>> {
-    let Some(pending) = p.pending.filter(|_| p.active.is_some()) else {
-        return Ok(None);
-    };
-    let side = status.pending_service_status.as_ref();
-    let levels = Levels::from_status(side, Role::Pending);
-    let verified = p.pending_serving
-        && p.pending_serve
-            .is_some_and(|s| s.capacity_verified(levels.capacity));
-    if verified {
-        return Ok(None);
-    }
-    let (owner, name) = (p.rs.uid().unwrap_or_default(), pending.name_any());
+/// What the pending cluster's Pods lack, asked while the upgrade waits for its capacity (so a settled
+/// RayService costs no Pod list), at most once per serve poll.
+async fn pending_stall(p: &Pass<'_>, cluster: &str) -> Result<Option<rayshift_api::stall::Stall>> {
+    let owner = p.rs.uid().unwrap_or_default();
     let fresh = p.ctx.options.serve_poll_interval;
-    if let Some(known) = p.ctx.records().stall_checked(&owner, &name, fresh) {
+    if let Some(known) = p.ctx.records().stall_checked(&owner, cluster, fresh) {
         return Ok(known);
     }
     let pods: Api<Pod> = Api::namespaced(p.ctx.client.clone(), p.ns);
-    let selector = format!("{}={name}", children::CLUSTER_LABEL);
+    let selector = format!("{}={cluster}", children::CLUSTER_LABEL);
     let list = pods.list(&ListParams::default().labels(&selector)).await?;
     let stall = rayshift_api::stall::of(&list.items);
-    p.ctx.records().set_stall(&owner, &name, stall.clone());
+    p.ctx.records().set_stall(&owner, cluster, stall.clone());
     Ok(stall)
 }
 

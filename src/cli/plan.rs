@@ -152,13 +152,11 @@ pub(super) fn slo_table(checks: &[slo::SloCheck]) -> String {
 /// The options with ResourceAware pacing, when asked for or annotated `always`.
 fn resource_aware(rs: &rayshift_api::RayService, opts: UpgradeOptions, args: &Args) -> UpgradeOptions {
     let annotations = rs.annotations();
-    let mode = upgrade_control::resource_aware_mode(annotations, Default::default()).unwrap_or_default();
+    let mode = upgrade_control::resource_aware_mode(annotations, Default::default());
     if !args.resource_aware && mode != upgrade_control::ResourceAwareMode::Always {
         return opts;
     }
-    let step = opts.step_size_percent;
-    let unavailable =
-        upgrade_control::max_unavailable_percent(annotations, step).unwrap_or(step.clamp(1, 99));
+    let unavailable = upgrade_control::max_unavailable_percent(annotations, opts.step_size_percent);
     UpgradeOptions {
         resource_aware: Some(upgrade::resource_aware::ResourceAware {
             max_unavailable_percent: unavailable,

@@ -583,26 +583,24 @@ fn resource_aware(
 ) {
     use upgrade_control::{MAX_UNAVAILABLE_ANNOTATION as UNAVAILABLE, RESOURCE_AWARE_ANNOTATION as MODE};
     let field = |key: &str| format!("metadata.annotations[{key}]");
-    let mode = upgrade_control::resource_aware_mode(annotations, Default::default());
-    if let Err(raw) = mode {
+    if let Some(raw) = upgrade_control::invalid_resource_aware_mode(annotations) {
         let why = "one of always, on-stall (when the pending cluster's Pods cannot be scheduled for lack of a resource) or never";
         v.error(FieldError::invalid(field(MODE), raw, "resource-aware-mode", why));
     }
+    if let Some(raw) = upgrade_control::invalid_max_unavailable(annotations) {
+        let why = "a whole percent in 1..99: how far below 100 % the serving capacity may dip while the active cluster gives way";
+        v.error(FieldError::invalid(
+            field(UNAVAILABLE),
+            raw,
+            "max-unavailable-percent",
+            why,
+        ));
+        return;
+    }
     let options = rs.spec.cluster_upgrade_options();
     let step = options.and_then(|o| o.step_size_percent).unwrap_or(1);
-    let unavailable = match upgrade_control::max_unavailable_percent(annotations, step) {
-        Ok(u) => u,
-        Err(raw) => {
-            let why = "a whole percent in 1..99: how far below 100 % the serving capacity may dip while the active cluster gives way";
-            v.error(FieldError::invalid(
-                field(UNAVAILABLE),
-                raw,
-                "max-unavailable-percent",
-                why,
-            ));
-            return;
-        }
-    };
+    let unavailable = upgrade_control::max_unavailable_percent(annotations, step);
+    let mode = upgrade_control::resource_aware_mode(annotations, Default::default());
     let annotated = annotations.contains_key(MODE) || annotations.contains_key(UNAVAILABLE);
     if annotated && !incremental {
         let why = "ignored: ResourceAware paces NewClusterWithIncrementalUpgrade only";
@@ -624,7 +622,7 @@ fn resource_aware(
     let surge = options
         .and_then(|o| o.max_surge_percent)
         .unwrap_or(crate::rayservice::DEFAULT_MAX_SURGE_PERCENT);
-    if mode == Ok(upgrade_control::ResourceAwareMode::OnStall) && unavailable < surge {
+    if mode == upgrade_control::ResourceAwareMode::OnStall && unavailable < surge {
         v.warn(
             field(UNAVAILABLE),
             "max-unavailable-below-surge",

@@ -101,21 +101,13 @@ pub(crate) fn check(cluster: &RayClusterSpec, max_surge: i32, field: &str, v: &m
                     "maxSurgePercent {max_surge} is smaller than one worker pod's share of group {:?} \
                      ({} {} of {} at {} pods = {:.1}%): a surge step cannot schedule a whole pod; use at least {needed}",
                     g.group_name,
-                    trim(pod),
+                    quantity::shown(pod),
                     resource.name(),
-                    trim(total),
+                    quantity::shown(total),
                     pods,
                     share
                 ),
             );
         }
-    }
-}
-
-fn trim(x: f64) -> String {
-    if x.fract() == 0.0 {
-        format!("{x:.0}")
-    } else {
-        format!("{x}")
     }
 }
