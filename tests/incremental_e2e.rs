@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
+use kube::api::PostParams;
 use rayshift_api::RayCluster;
 use serde_json::{Value, json};
 use support::{
+    autoscaler::{Autoscaler, GPU_TAINT, gpu_node},
     controller::ControllerProcess,
     dashboard::Fault,
     incremental::{Env, head},
@@ -1079,36 +1081,71 @@ async fn slo_checks_wait_for_prometheus_pause_on_failure_and_pass() {
     assert!(passed >= 1.0, "{metrics}");
 }
 
-/// Issue 18, with the real kube-scheduler: the pending cluster's GPU workers cannot be placed (the kwok node
-/// has no nvidia.com/gpu), so its capacity never comes (the fake dashboard runs no replicas for new clusters:
-/// kwok's Pods run no Ray). Without ResourceAware the upgrade says what is short (Progressing=False,
-/// InsufficientResources, naming the GPUs) and the progress deadline rolls it back; with
-/// `rayshift.io/resource-aware: on-stall` it switches, and the active cluster gives way by maxUnavailablePercent
-/// (its capacity 75 % under all the traffic), then the deadline rolls that back too, to 100 %.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unschedulable_gpu_workers_stall_the_upgrade_and_on_stall_switches_to_resource_aware() {
-    let env = Env::new("stall").await;
+/// GPU workers in one full copy of the RayService (one Serve replica each); its node holds one more.
+const GPU_WORKERS: usize = 4;
+
+/// A RayService whose Serve replicas each need a GPU worker, four for a full copy, all on `node`; surge 50 %
+/// (two workers), step 25 % (one).
+fn gpu_rayservice(node: &str, annotations: Value) -> rayshift_api::RayService {
     let mut rs = support::incremental::rayservice(50, 25, 1, "ray:1");
-    rs["metadata"]["annotations"] = json!({"rayshift.io/progress-deadline-seconds": "8"});
-    // Two GPU workers at least (a new cluster starts at its minimum: no autoscaler runs here).
+    rs["metadata"]["annotations"] = annotations;
+    rs["spec"]["serveConfigV2"] = json!(
+        "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n    deployments:\n      - name: LLM\n        num_replicas: 4\n        ray_actor_options: {num_gpus: 1}\n"
+    );
     let workers = &mut rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0];
-    workers["minReplicas"] = json!(2);
-    workers["replicas"] = json!(2);
-    workers["template"]["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
-    let rs: rayshift_api::RayService = serde_json::from_value(rs).unwrap();
+    workers["replicas"] = json!(0);
+    workers["maxReplicas"] = json!(GPU_WORKERS);
+    let pod = &mut workers["template"]["spec"];
+    pod["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+    pod["tolerations"] =
+        json!([{"key": GPU_TAINT, "operator": "Equal", "value": node, "effect": "NoSchedule"}]);
+    pod["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    serde_json::from_value(rs).unwrap()
+}
+
+/// Capacity changes in a cluster's sequence of target capacities (a pending cluster starts from 0).
+fn capacity_changes(levels: &[i64], from: i64) -> usize {
+    let mut last = from;
+    levels
+        .iter()
+        .filter(|&&l| std::mem::replace(&mut last, l) != l)
+        .count()
+}
+
+/// Issue 18's acceptance, through the real kube-scheduler and the real KubeRay operator: a kwok node holds
+/// exactly one full copy of GPU workers plus one; an autoscaler stand-in scales each cluster's workers with
+/// its Serve target capacity, and the fake dashboard runs only as many replicas as a cluster has Ready
+/// workers.
+/// - Without ResourceAware, the surge (two workers) cannot be placed: the upgrade says what is short
+///   (Progressing=False InsufficientResources, naming the GPUs) and the progress deadline rolls it back.
+/// - With `rayshift.io/resource-aware: on-stall`, it switches and completes: the active cluster gives way,
+///   KubeRay deletes its workers, the pending cluster's take their GPUs. The invariants hold throughout (the
+///   active cluster's dip bounded by maxUnavailablePercent), traffic goes only onto Ready workers, and
+///   `rayshift plan --resource-aware` predicts the serving capacity's dip (counted in Ready GPU workers) and
+///   the numbers of traffic steps and capacity changes exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_aware_upgrade_through_the_real_scheduler_on_gpu_limited_nodes() {
+    let env = Env::new("gpu").await;
+    let node = format!("gpu-{}", env.ns);
+    let gpus = u32::try_from(GPU_WORKERS).unwrap() + 1;
+    gpu_node(&env.client, &node, gpus, "10.250.160.0/24").await;
+    let autoscaler = Autoscaler::start(env.client.clone(), &env.ns, env.dashboard.clone(), GPU_WORKERS);
+    let deadline = |secs: u32| json!({"rayshift.io/progress-deadline-seconds": secs.to_string()});
     env.rayservices()
-        .create(&kube::api::PostParams::default(), &rs)
+        .create(&PostParams::default(), &gpu_rayservice(&node, deadline(8)))
         .await
         .unwrap();
     let old = env
-        .eventually("the first cluster active", 60, || async {
+        .eventually("the first cluster active on its 4 GPU workers", 90, || async {
             let rs = env.get().await;
-            (pending(&rs).is_none()).then_some(active(&rs)?)
+            let a = active(&rs).filter(|_| pending(&rs).is_none())?;
+            (autoscaler.running_before(&a, Instant::now()) == GPU_WORKERS).then_some(a)
         })
         .await;
-    env.dashboard.new_clusters.lock().unwrap().max_running = Some(0);
+
+    // Without the mode: stalled, then rolled back.
     let observer = env.observe(50);
-    env.upgrade_to("ray:2").await;
+    let stuck = env.upgrade_to("ray:2").await;
     let said = env
         .eventually("Progressing=False, InsufficientResources", 60, || async {
             let (reason, message) = support::status::progressing(&env.get().await)?;
@@ -1119,27 +1156,48 @@ async fn unschedulable_gpu_workers_stall_the_upgrade_and_on_stall_switches_to_re
         said.contains("nvidia.com/gpu for") && said.contains("Insufficient nvidia.com/gpu"),
         "{said}"
     );
-    let rolled_back = || async {
+    env.eventually("rolled back by the deadline", 60, || async {
         let rs = env.get().await;
         (pending(&rs).is_none() && active(&rs).as_deref() == Some(old.as_str())).then_some(())
-    };
-    env.eventually("rolled back by the deadline", 60, rolled_back)
-        .await;
+    })
+    .await;
     let events = env.events().await;
     for reason in ["PendingClusterUnschedulable", "ProgressDeadlineExceeded"] {
         assert!(events.iter().any(|e| e == reason), "{reason}: {events:?}");
     }
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
-    // on-stall: the switch, and the dip.
-    env.patch(json!({"metadata": {"annotations": {
-        "rayshift.io/resource-aware": "on-stall", "rayshift.io/max-unavailable-percent": "25"}}}))
-        .await;
-    env.upgrade_to("ray:3").await;
-    env.eventually("the active cluster at 75 % under all the traffic", 60, || async {
-        let ((active_capacity, active_traffic), _) = env.levels().await;
-        (active_capacity == 75 && active_traffic == 100).then_some(())
+    assert_eq!(
+        observer.capacities(&old),
+        [100],
+        "the active cluster kept its capacity"
+    );
+    let clusters: Api<RayCluster> = Api::namespaced(env.client.clone(), &env.ns);
+    env.eventually("the stalled cluster gone", 60, || {
+        support::wait::gone(&clusters, &stuck)
     })
     .await;
+    drop(observer);
+
+    // on-stall: switched, and completed.
+    env.patch(json!({"metadata": {"annotations": {
+        "rayshift.io/resource-aware": "on-stall", "rayshift.io/max-unavailable-percent": "25",
+        "rayshift.io/progress-deadline-seconds": "120"}}}))
+        .await;
+    let observer = env.observe(50).with_dip(25);
+    let from = Instant::now();
+    let new = env.upgrade_to("ray:3").await;
+    env.promoted_to(&new, 240).await;
+    let to = Instant::now();
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    let raises = observer.raises(&new);
+    for (at, weight) in &raises {
+        let running = autoscaler.running_before(&new, *at);
+        let verified = i64::try_from(running * 100 / GPU_WORKERS).unwrap();
+        assert!(
+            *weight <= verified,
+            "{weight}% of traffic onto {running} replicas on Ready GPU workers"
+        );
+    }
     let switched = env.event_notes("ResourceAwareMode");
     assert!(
         switched
@@ -1147,13 +1205,43 @@ async fn unschedulable_gpu_workers_stall_the_upgrade_and_on_stall_switches_to_re
             .any(|(n, _)| n.contains("at or above 75%") && n.contains("nvidia.com/gpu")),
         "{switched:?}"
     );
-    env.eventually("rolled back to 100 % by the deadline", 60, || async {
-        let rs = env.get().await;
-        let a = rs.status.as_ref()?.active_service_status.clone()?;
-        (pending(&rs).is_none()
-            && active(&rs).as_deref() == Some(old.as_str())
-            && a.target_capacity == Some(100))
-        .then_some(())
-    })
-    .await;
+    // The GPUs the new workers took were freed by KubeRay deleting the old cluster's workers.
+    let deleted = env
+        .cp
+        .events(&env.ns)
+        .into_iter()
+        .filter(|e| {
+            e["reason"] == "DeletedWorkerPod" && e["regarding"]["name"].as_str() == Some(old.as_str())
+        })
+        .count();
+    assert!(deleted >= 1, "KubeRay deleted none of {old}'s workers");
+
+    // What `rayshift plan` said before the upgrade, against what happened.
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("llm.json");
+    let mut stored = serde_json::to_value(env.get().await).unwrap();
+    stored.as_object_mut().unwrap().remove("status");
+    std::fs::write(&manifest, stored.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rayshift"))
+        .args(["plan", "-o", "json", "--resource-aware", "-f"])
+        .arg(&manifest)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dip = autoscaler.min_serving(from, to, GPU_WORKERS);
+    let (old_levels, new_levels) = (observer.capacities(&old), observer.capacities(&new));
+    let changes = capacity_changes(&old_levels, 100) + capacity_changes(&new_levels, 0);
+    assert_eq!(
+        (dip as i64, raises.len() as i64, changes as i64),
+        (
+            plan["min_serving_capacity"].as_i64().unwrap(),
+            plan["traffic_steps"].as_i64().unwrap(),
+            plan["capacity_changes"].as_i64().unwrap()
+        ),
+        "observed (dip, traffic steps, capacity changes) against the plan; capacities {old_levels:?} then \
+         {new_levels:?}; workers {:?}",
+        autoscaler.transitions(from)
+    );
+    assert!(dip < 100, "no dip: the upgrade did not need ResourceAware");
 }

@@ -388,6 +388,11 @@ fn resource_aware_plan_shows_the_dip() {
         "the freed 5 % and the spare 5 %, never more"
     );
     assert_eq!(
+        json(&["-f", &seed, "--resource-aware"]),
+        ra,
+        "unless told, the spare room is one step, as the controller assumes"
+    );
+    assert_eq!(
         ra["steps"].as_array().unwrap().last().unwrap()["action"],
         "promote pending to active"
     );

@@ -26,9 +26,10 @@ pub struct Args {
     /// its rayshift.io/resource-aware says; `always` there plans it so too.
     #[arg(long)]
     resource_aware: bool,
-    /// ResourceAware: the capacity the cluster holds beyond one full copy, in percent of it.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=100))]
-    spare_capacity_percent: i32,
+    /// ResourceAware: the capacity the cluster holds beyond one full copy, in percent of it. Default:
+    /// stepSizePercent, what the controller assumes while it runs the upgrade.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(0..=100))]
+    spare_capacity_percent: Option<i32>,
     #[command(flatten)]
     defaults: DefaultsArgs,
     #[arg(short, long, value_enum, default_value_t)]
@@ -157,10 +158,11 @@ fn resource_aware(rs: &rayshift_api::RayService, opts: UpgradeOptions, args: &Ar
         return opts;
     }
     let unavailable = upgrade_control::max_unavailable_percent(annotations, opts.step_size_percent);
+    let live = upgrade::resource_aware::ResourceAware::live(unavailable, &opts);
     UpgradeOptions {
         resource_aware: Some(upgrade::resource_aware::ResourceAware {
-            max_unavailable_percent: unavailable,
-            spare_percent: args.spare_capacity_percent,
+            spare_percent: args.spare_capacity_percent.unwrap_or(live.spare_percent),
+            ..live
         }),
         ..opts
     }

@@ -1,6 +1,7 @@
 //! Test support shared by the end-to-end tests.
 #![allow(dead_code)]
 
+pub mod autoscaler;
 pub mod cluster;
 pub mod controller;
 pub mod dashboard;

@@ -1,7 +1,8 @@
 //! Watches a RayService, its HTTPRoute and its RayClusters and checks the controller invariants on every
 //! version it sees:
 //! - route weights sum to 100;
-//! - a cluster's route weight never exceeds its target capacity;
+//! - a cluster's route weight never exceeds its target capacity (the active cluster's may by the dip a
+//!   ResourceAware upgrade allows, `with_dip`; the pending cluster's never);
 //! - active + pending capacity ≤ 100 + maxSurgePercent;
 //! - no weight on a cluster whose Serve apps are not RUNNING (per the dashboard, fake or real);
 //! - the cluster carrying traffic is never deleted.
@@ -60,8 +61,11 @@ pub struct Seen {
     pub rayservice_versions: usize,
     /// Every RayCluster of the namespace that existed while watched (a duplicate shows up here).
     pub clusters: std::collections::BTreeSet<String>,
-    /// Target capacity per cluster as the RayService status had it: (resourceVersion, cluster, percent).
-    capacity_log: Vec<(u64, String, i64)>,
+    /// ResourceAware: how far the active cluster's capacity may be below its traffic (0: not at all).
+    pub dip: i64,
+    /// Target capacity per cluster as the RayService status had it: (resourceVersion, cluster, percent,
+    /// whether it was the pending cluster).
+    capacity_log: Vec<(u64, String, i64, bool)>,
     /// resourceVersion ranges a relist of the RayService skipped (versions never seen).
     capacity_gaps: Vec<(u64, u64)>,
     /// Route versions: (resourceVersion, weights), checked against `capacity_log` in `violations()`.
@@ -92,10 +96,11 @@ impl Seen {
                 let tc = self
                     .capacity_log
                     .iter()
-                    .filter(|(r, c, _)| r < route_rv && c == cluster)
-                    .max_by_key(|(r, _, _)| *r)
-                    .map(|(_, _, tc)| *tc);
-                if let Some(tc) = tc.filter(|tc| w > tc) {
+                    .filter(|(r, c, _, _)| r < route_rv && c == cluster)
+                    .max_by_key(|(r, _, _, _)| *r)
+                    .map(|(_, _, tc, pending)| (*tc, *pending));
+                let allowed = |(tc, pending): (i64, bool)| tc + if pending { 0 } else { self.dip };
+                if let Some((tc, _)) = tc.filter(|&t| *w > allowed(t)) {
                     out.push(format!("route: {w}% to {cluster} with target capacity {tc}%"));
                 }
             }
@@ -214,19 +219,21 @@ impl Observer {
                 let status = rs.status.clone().unwrap_or_default();
                 let mut total = 0;
                 let mut traffic = 0;
-                for side in [&status.active_service_status, &status.pending_service_status]
-                    .into_iter()
-                    .flatten()
-                {
+                let sides = [
+                    (&status.active_service_status, false),
+                    (&status.pending_service_status, true),
+                ];
+                for (side, pending) in sides.into_iter().filter_map(|(s, p)| Some((s.as_ref()?, p))) {
                     let (Some(name), Some(tc)) = (side.ray_cluster_name.clone(), side.target_capacity) else {
                         continue;
                     };
                     total += i64::from(tc);
                     seen.capacity.insert(name.clone(), i64::from(tc));
-                    seen.capacity_log.push((version, name.clone(), i64::from(tc)));
+                    seen.capacity_log
+                        .push((version, name.clone(), i64::from(tc), pending));
                     let trp = i64::from(side.traffic_routed_percent.unwrap_or(0));
                     traffic += trp;
-                    if trp > i64::from(tc) {
+                    if trp > i64::from(tc) + if pending { 0 } else { seen.dip } {
                         seen.violations
                             .push(format!("status: {name} has traffic {trp}% over capacity {tc}%"));
                     }
@@ -314,6 +321,24 @@ impl Observer {
         let mut all = seen.violations.clone();
         all.extend(seen.weights_over_capacity());
         all
+    }
+
+    /// Lets the active cluster carry up to `dip` % more traffic than its capacity (a ResourceAware upgrade).
+    pub fn with_dip(self, dip: i64) -> Self {
+        self.seen.lock().unwrap().dip = dip;
+        self
+    }
+
+    /// A cluster's target capacity each time it changed, as the RayService status had it.
+    pub fn capacities(&self, cluster: &str) -> Vec<i64> {
+        let seen = self.seen.lock().unwrap();
+        let mut out: Vec<i64> = Vec::new();
+        for (_, _, tc, _) in seen.capacity_log.iter().filter(|(_, c, _, _)| c == cluster) {
+            if out.last() != Some(tc) {
+                out.push(*tc);
+            }
+        }
+        out
     }
 
     /// Times at which a given cluster's weight rose, in order.

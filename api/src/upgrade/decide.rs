@@ -390,11 +390,8 @@ fn pacing(
     }
     let on = s.resource_aware == ResourceAwareMode::Always || progress.resource_aware_since.is_some();
     UpgradeOptions {
-        // Live, the room beyond one full copy is taken to be one step's workers: what a cluster needs to finish.
-        resource_aware: on.then_some(super::resource_aware::ResourceAware {
-            max_unavailable_percent: s.max_unavailable_percent,
-            spare_percent: s.options.step_size_percent,
-        }),
+        resource_aware: on
+            .then(|| super::resource_aware::ResourceAware::live(s.max_unavailable_percent, &s.options)),
         ..s.options
     }
 }

@@ -24,6 +24,16 @@ pub struct ResourceAware {
 }
 
 impl ResourceAware {
+    /// What a running upgrade assumes: the room beyond one full copy is one step's workers, what a cluster
+    /// needs to finish (the controller cannot see free GPUs ahead of scheduling). `rayshift plan` assumes the
+    /// same unless told the spare room.
+    pub fn live(max_unavailable_percent: i32, opts: &UpgradeOptions) -> Self {
+        ResourceAware {
+            max_unavailable_percent,
+            spare_percent: opts.step_size_percent,
+        }
+    }
+
     /// The lowest capacity a cluster carrying `traffic` may have.
     fn floor(self, traffic: i32) -> i32 {
         let least = i32::from(traffic > 0);
