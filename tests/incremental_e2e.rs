@@ -5,7 +5,11 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::{
+    cell::{Cell, RefCell},
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
 
 use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
 use k8s_openapi::api::core::v1::Service;
@@ -1186,7 +1190,34 @@ async fn resource_aware_upgrade_through_the_real_scheduler_on_gpu_limited_nodes(
     let observer = env.observe(50).with_dip(25);
     let from = Instant::now();
     let new = env.upgrade_to("ray:3").await;
-    env.promoted_to(&new, 240).await;
+    let why = env
+        .eventually("kubectl rayshift status saying why ResourceAware", 60, || async {
+            let text = env.rayshift_plugin(&["status", "llm"]);
+            text.lines()
+                .find(|l| l.starts_with("ResourceAware since"))
+                .map(str::to_string)
+        })
+        .await;
+    assert!(
+        why.contains("the pending cluster stalled for lack of a resource"),
+        "{why}"
+    );
+    // The controller's gauges while it runs: the mode, and the dip (never beyond maxUnavailablePercent).
+    let gauge = |metric: &str| {
+        let series = format!("{metric}{{name=\"llm\",namespace=\"{}\"}}", env.ns);
+        support::webhook::metric(&env.controller.as_ref().unwrap().metrics(), &series)
+    };
+    let (dips, mode) = (RefCell::new(BTreeSet::new()), Cell::new(false));
+    env.eventually(&format!("{new} promoted"), 240, || async {
+        dips.borrow_mut()
+            .insert(gauge("rayshift_rayservice_capacity_dip_percent") as i64);
+        mode.set(mode.get() || gauge("rayshift_rayservice_upgrade_resource_aware") == 1.0);
+        let rs = env.get().await;
+        (active(&rs).as_deref() == Some(new.as_str()) && pending(&rs).is_none()).then_some(())
+    })
+    .await;
+    assert!(mode.get(), "the ResourceAware gauge never showed 1");
+    assert_eq!(dips.borrow().last(), Some(&25), "dips seen in /metrics: {dips:?}");
     let to = Instant::now();
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
     let raises = observer.raises(&new);

@@ -1,7 +1,7 @@
 //! Real Ray Serve end to end: the real controller process against a real kube-apiserver, real Ray heads
 //! (one per RayCluster, each in its own network namespace), Traefik as the Gateway API implementation, and
-//! 50 requests per second through it during 10 incremental upgrades in a row (the controller restarted in the
-//! middle of one), an aborted upgrade and a reverted one.
+//! 50 requests per second through it during 10 incremental upgrades in a row (one ResourceAware, the
+//! controller restarted in the middle of another), an aborted upgrade and a reverted one.
 //!
 //! The real KubeRay operator runs the RayClusters (head Pods, Services, status); kwok runs the Pods on a fake
 //! node, and each head Pod's IP is taken by the real Ray head of its cluster. Traefik reads rayshift's Gateway
@@ -646,6 +646,48 @@ enum Twist {
     Abort,
     /// The spec is reverted to the serving version once the new cluster carries half the traffic.
     Revert,
+    /// `rayshift.io/resource-aware: always` (issue 18): the old cluster gives way first, by one step below all
+    /// the traffic, before the new one gets any.
+    ResourceAware,
+}
+
+const RESOURCE_AWARE: &str = "rayshift.io/resource-aware";
+
+/// A ResourceAware phase's dip, as real Ray saw it: the old cluster was PUT one step below its traffic (still
+/// all of it) and ran that many replicas before the new cluster got any traffic.
+fn dipped_before_traffic(env: &Env, old: &str, new: &str, from: Instant) -> Vec<String> {
+    let dip = (100 - STEP) as f64;
+    let lowered = env.heads.answers().into_iter().find(|a| {
+        a.cluster == old
+            && a.status == 200
+            && a.at >= from
+            && matches!(a.call, Call::Put(Some(tc)) if tc == dip)
+    });
+    let first_traffic = env
+        .gateway
+        .routes()
+        .into_iter()
+        .find(|r| r.seen >= from && r.weights.get(new).is_some_and(|w| *w > 0));
+    let (Some(lowered), Some(first_traffic)) = (lowered, first_traffic) else {
+        return vec![format!(
+            "ResourceAware: {old} was never lowered to {dip}%, or {new} never got traffic"
+        )];
+    };
+    let ran = env.heads.samples().into_iter().any(|s| {
+        s.cluster == old
+            && (lowered.at..first_traffic.seen).contains(&s.at)
+            && s.view
+                .as_ref()
+                .is_some_and(|v| v.running_replicas() == replicas_at(REPLICAS, dip))
+    });
+    match (lowered.at < first_traffic.seen, ran) {
+        (true, true) => Vec::new(),
+        _ => vec![format!(
+            "ResourceAware: {old} lowered to {dip}% at {:?} (Ray running that seen: {ran}), {new}'s first traffic at {:?}",
+            lowered.at.duration_since(from),
+            first_traffic.seen.saturating_duration_since(from)
+        )],
+    }
 }
 
 /// One phase's line of the summary table.
@@ -679,6 +721,9 @@ impl Env {
             .grpc
             .then(|| GrpcLoad::start(&self.gateway.grpc_address(), RATE, LATENCY_BOUND));
         let from = Instant::now();
+        if twist == Twist::ResourceAware {
+            self.annotate(RESOURCE_AWARE, json!("always")).await;
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
         self.set_version(version).await;
         let new = self
@@ -686,14 +731,14 @@ impl Env {
                 pending(&self.get().await)
             })
             .await;
-        if twist != Twist::None {
+        if matches!(twist, Twist::RestartController | Twist::Abort | Twist::Revert) {
             self.eventually(&format!("{new} carrying 50% of traffic"), 240, || async {
                 (self.traffic_of(&new).await >= 50).then_some(())
             })
             .await;
         }
         match twist {
-            Twist::None => {}
+            Twist::None | Twist::ResourceAware => {}
             Twist::RestartController => {
                 let _ = self.controller.child.kill();
                 let _ = self.controller.child.wait();
@@ -769,14 +814,23 @@ impl Env {
         if responses.iter().all(|r| r.body() != Some(version)) {
             problems.push(format!("{title}: {version} never answered"));
         }
-        if twist == Twist::Abort {
-            self.annotate_control(Value::Null).await;
+        match twist {
+            Twist::Abort => self.annotate_control(Value::Null).await,
+            Twist::ResourceAware => {
+                problems.extend(dipped_before_traffic(self, old, &new, from));
+                self.annotate(RESOURCE_AWARE, Value::Null).await;
+            }
+            _ => {}
         }
         (end, problems)
     }
 
     async fn annotate_control(&self, value: Value) {
-        let patch = json!({"metadata": {"annotations": {"rayshift.io/upgrade-control": value}}});
+        self.annotate("rayshift.io/upgrade-control", value).await;
+    }
+
+    async fn annotate(&self, key: &str, value: Value) {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
         self.rayservices()
             .patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -785,7 +839,8 @@ impl Env {
 }
 
 /// Zero downtime through a real Gateway: 50 requests/s through Traefik to real Ray Serve heads during 10
-/// incremental upgrades in a row (the controller killed and restarted in the middle of the 5th), an
+/// incremental upgrades in a row (the 3rd ResourceAware: the old cluster runs one replica less under all the
+/// traffic before the new one gets any; the controller killed and restarted in the middle of the 5th), an
 /// aborted upgrade and a reverted one. No request fails; every route version's share is its weight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn zero_downtime_through_traefik_upgrades_restart_abort_and_rollback() {
@@ -807,15 +862,13 @@ async fn zero_downtime_through_traefik_upgrades_restart_abort_and_rollback() {
     let mut serving = "v1".to_string();
     let mut phases: Vec<(String, String, Twist)> = (2..=11)
         .map(|n| {
-            let twist = if n == 6 {
-                Twist::RestartController
-            } else {
-                Twist::None
-            };
-            let extra = if n == 6 {
-                ", controller restarted at 50%"
-            } else {
-                ""
+            let (twist, extra) = match n {
+                4 => (
+                    Twist::ResourceAware,
+                    ", ResourceAware (the old cluster dips 25% first)",
+                ),
+                6 => (Twist::RestartController, ", controller restarted at 50%"),
+                _ => (Twist::None, ""),
             };
             (
                 format!("upgrade {} of 10: v{} → v{n}{extra}", n - 1, n - 1),
@@ -836,6 +889,8 @@ async fn zero_downtime_through_traefik_upgrades_restart_abort_and_rollback() {
     ));
     for (title, version, twist) in phases {
         let old = clusters.last().unwrap().clone();
+        // ResourceAware: the old cluster may carry one step more traffic than its capacity.
+        observer.set_dip(if twist == Twist::ResourceAware { STEP } else { 0 });
         let (end, found) = env.phase(&title, &old, &serving, &version, twist).await;
         problems.extend(found);
         if end != old {

@@ -44,7 +44,8 @@ pub struct UpgradeProgress {
     /// What the pending cluster's unschedulable Pods lack, while they do (`stall::Stall::describe`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_stall: Option<String>,
-    /// When the running upgrade switched to ResourceAware pacing (`rayshift.io/resource-aware: on-stall`).
+    /// When the running upgrade took ResourceAware pacing: at its first pass with `rayshift.io/resource-aware:
+    /// always`, at its stall with `on-stall`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_aware_since: Option<Timestamp>,
 }

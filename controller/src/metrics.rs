@@ -39,6 +39,8 @@ pub struct ServiceView {
     pub resource_aware: bool,
     /// Its pending cluster's Pods cannot be scheduled for lack of a resource.
     pub stalled: bool,
+    /// How far a cluster's target capacity is below the traffic it carries (ResourceAware's dip), in percent.
+    pub capacity_dip: f64,
     pub rollback: bool,
     pub seconds_until_next_step: Option<f64>,
     pub last_step_unix: Option<f64>,
@@ -82,11 +84,22 @@ impl ServiceView {
             paused,
             resource_aware: status.progress.resource_aware_since.is_some(),
             stalled: status.progress.pending_stall.is_some(),
+            capacity_dip: capacity_dip(status),
             rollback,
             seconds_until_next_step: until,
             last_step_unix: last_step.map(|t| t.as_millisecond() as f64 / 1000.0),
         }
     }
+}
+
+/// The largest gap between a cluster's traffic and its target capacity (0 unless ResourceAware dips).
+fn capacity_dip(status: &RayServiceStatuses) -> f64 {
+    let sides = [&status.active_service_status, &status.pending_service_status];
+    let gaps = sides
+        .into_iter()
+        .flatten()
+        .filter_map(|s| Some(s.traffic_routed_percent? - s.target_capacity?));
+    f64::from(gaps.max().unwrap_or(0).max(0))
 }
 
 #[derive(Clone)]
@@ -100,6 +113,7 @@ pub struct Metrics {
     paused: GaugeVec,
     resource_aware: GaugeVec,
     stalled: GaugeVec,
+    capacity_dip: GaugeVec,
     last_step: GaugeVec,
     until_next_step: GaugeVec,
     expected_completion: GaugeVec,
@@ -152,12 +166,17 @@ impl Metrics {
             )?,
             resource_aware: r.gauges(
                 "rayshift_rayservice_upgrade_resource_aware",
-                "1 while the incremental upgrade paces ResourceAware after its pending cluster stalled (rayshift.io/resource-aware: on-stall).",
+                "1 while the incremental upgrade paces ResourceAware (rayshift.io/resource-aware: always, or on-stall after its pending cluster stalled).",
                 svc,
             )?,
             stalled: r.gauges(
                 "rayshift_rayservice_pending_cluster_unschedulable",
                 "1 while the pending cluster's Pods cannot be scheduled for lack of a resource.",
+                svc,
+            )?,
+            capacity_dip: r.gauges(
+                "rayshift_rayservice_capacity_dip_percent",
+                "How far a cluster's Serve target_capacity is below the traffic it carries: a ResourceAware upgrade's dip, at most maxUnavailablePercent; 0 otherwise.",
                 svc,
             )?,
             last_step: r.gauges(
@@ -291,6 +310,9 @@ impl Metrics {
         set(&self.paused, ns, name, view.paused);
         set(&self.resource_aware, ns, name, view.resource_aware);
         set(&self.stalled, ns, name, view.stalled);
+        self.capacity_dip
+            .with_label_values(&[ns, name])
+            .set(view.capacity_dip);
         self.until_next_step
             .with_label_values(&[ns, name])
             .set(view.seconds_until_next_step.unwrap_or(0.0));
@@ -367,6 +389,7 @@ impl Metrics {
             &self.paused,
             &self.resource_aware,
             &self.stalled,
+            &self.capacity_dip,
             &self.last_step,
             &self.until_next_step,
             &self.expected_completion,

@@ -63,9 +63,9 @@ pub struct Seen {
     pub clusters: std::collections::BTreeSet<String>,
     /// ResourceAware: how far the active cluster's capacity may be below its traffic (0: not at all).
     pub dip: i64,
-    /// Target capacity per cluster as the RayService status had it: (resourceVersion, cluster, percent,
-    /// whether it was the pending cluster).
-    capacity_log: Vec<(u64, String, i64, bool)>,
+    /// Target capacity per cluster as the RayService status had it: (resourceVersion, cluster, percent, how
+    /// far its traffic could be above it then: 0 for the pending cluster, `dip` for the active one).
+    capacity_log: Vec<(u64, String, i64, i64)>,
     /// resourceVersion ranges a relist of the RayService skipped (versions never seen).
     capacity_gaps: Vec<(u64, u64)>,
     /// Route versions: (resourceVersion, weights), checked against `capacity_log` in `violations()`.
@@ -98,9 +98,8 @@ impl Seen {
                     .iter()
                     .filter(|(r, c, _, _)| r < route_rv && c == cluster)
                     .max_by_key(|(r, _, _, _)| *r)
-                    .map(|(_, _, tc, pending)| (*tc, *pending));
-                let allowed = |(tc, pending): (i64, bool)| tc + if pending { 0 } else { self.dip };
-                if let Some((tc, _)) = tc.filter(|&t| *w > allowed(t)) {
+                    .map(|(_, _, tc, dip)| (*tc, *dip));
+                if let Some((tc, _)) = tc.filter(|(tc, dip)| w > &(tc + dip)) {
                     out.push(format!("route: {w}% to {cluster} with target capacity {tc}%"));
                 }
             }
@@ -229,11 +228,12 @@ impl Observer {
                     };
                     total += i64::from(tc);
                     seen.capacity.insert(name.clone(), i64::from(tc));
+                    let dip = if pending { 0 } else { seen.dip };
                     seen.capacity_log
-                        .push((version, name.clone(), i64::from(tc), pending));
+                        .push((version, name.clone(), i64::from(tc), dip));
                     let trp = i64::from(side.traffic_routed_percent.unwrap_or(0));
                     traffic += trp;
-                    if trp > i64::from(tc) + if pending { 0 } else { seen.dip } {
+                    if trp > i64::from(tc) + dip {
                         seen.violations
                             .push(format!("status: {name} has traffic {trp}% over capacity {tc}%"));
                     }
@@ -325,8 +325,13 @@ impl Observer {
 
     /// Lets the active cluster carry up to `dip` % more traffic than its capacity (a ResourceAware upgrade).
     pub fn with_dip(self, dip: i64) -> Self {
-        self.seen.lock().unwrap().dip = dip;
+        self.set_dip(dip);
         self
+    }
+
+    /// From now on (0: no more dip).
+    pub fn set_dip(&self, dip: i64) {
+        self.seen.lock().unwrap().dip = dip;
     }
 
     /// A cluster's target capacity each time it changed, as the RayService status had it.

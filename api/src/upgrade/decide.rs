@@ -200,7 +200,7 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
         };
     }
     if let Action::Wait { until, reason } = action {
-        wait(&mut d, &observed, s, until, reason);
+        wait(&mut d, &observed, s, &pacing, until, reason);
         return d;
     }
     let sides = Sides {
@@ -226,7 +226,7 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
         Action::FinishRollback => finish_rollback(&mut d, &sides, s, now),
         Action::Wait { .. } => unreachable!("handled above"),
     }
-    expect_completion(&mut d, &observed, s);
+    expect_completion(&mut d, &observed, s, &pacing);
     if d.status.pending_service_status.is_some() {
         d.status.progress.last_progress_time = Some(now);
     }
@@ -388,7 +388,17 @@ fn pacing(
         d.notices
             .push(Notice::warning("ResourceAwareMode", "Reconcile", note));
     }
-    let on = s.resource_aware == ResourceAwareMode::Always || progress.resource_aware_since.is_some();
+    // `always` is recorded too, at its first pass: the status, the gauge and `kubectl rayshift status` show it.
+    if s.resource_aware == ResourceAwareMode::Always && progress.resource_aware_since.is_none() {
+        progress.resource_aware_since = Some(now);
+        let note = format!(
+            "ResourceAware pacing (rayshift.io/resource-aware: always): the active cluster gives way first, serving capacity stays at or above {}%",
+            100 - s.max_unavailable_percent
+        );
+        d.notices
+            .push(Notice::normal("ResourceAwareMode", "Reconcile", note));
+    }
+    let on = progress.resource_aware_since.is_some();
     UpgradeOptions {
         resource_aware: on
             .then(|| super::resource_aware::ResourceAware::live(s.max_unavailable_percent, &s.options)),
@@ -397,7 +407,14 @@ fn pacing(
 }
 
 /// Records why the upgrade waits and when to look again.
-fn wait(d: &mut StepDecision, o: &Observed, s: &Settings, until: Option<Timestamp>, reason: WaitReason) {
+fn wait(
+    d: &mut StepDecision,
+    o: &Observed,
+    s: &Settings,
+    pacing: &UpgradeOptions,
+    until: Option<Timestamp>,
+    reason: WaitReason,
+) {
     let paused_before = was_paused(&d.status);
     set_progressing(&mut d.status, Some(reason), s, o.now);
     if reason == WaitReason::Paused && !paused_before {
@@ -409,7 +426,7 @@ fn wait(d: &mut StepDecision, o: &Observed, s: &Settings, until: Option<Timestam
     if reason == WaitReason::Paused {
         progress.upgrade_expected_completion_time = None;
     } else if progress.upgrade_expected_completion_time.is_none() {
-        expect_completion(d, o, s);
+        expect_completion(d, o, s, pacing);
     }
     d.step_due = until;
     d.wake = Some(match until {
@@ -419,9 +436,10 @@ fn wait(d: &mut StepDecision, o: &Observed, s: &Settings, until: Option<Timestam
     });
 }
 
-/// The expected completion, from the levels this pass leaves. Recomputed only when the upgrade moves (or
-/// has none yet): between steps it stays put and costs no status write.
-fn expect_completion(d: &mut StepDecision, before: &Observed, s: &Settings) {
+/// The expected completion, from the levels this pass leaves, under the pacing it runs (ResourceAware or
+/// not). Recomputed only when the upgrade moves (or has none yet): between steps it stays put and costs no
+/// status write.
+fn expect_completion(d: &mut StepDecision, before: &Observed, s: &Settings, pacing: &UpgradeOptions) {
     let progress = &d.status.progress;
     let Some(started) = progress.upgrade_start_time else {
         return;
@@ -438,11 +456,8 @@ fn expect_completion(d: &mut StepDecision, before: &Observed, s: &Settings) {
     // A step gated by SLO checks comes at least their longest window after the one before it.
     let window = s.slo_checks.iter().map(|c| c.window_seconds).max().unwrap_or(0);
     let options = UpgradeOptions {
-        interval: s
-            .options
-            .interval
-            .max(SignedDuration::from_secs(i64::from(window))),
-        ..s.options
+        interval: pacing.interval.max(SignedDuration::from_secs(i64::from(window))),
+        ..*pacing
     };
     d.status.progress.upgrade_expected_completion_time =
         super::expected_completion(&options, &after, started);

@@ -1376,3 +1376,30 @@ fn a_stall_switches_an_on_stall_upgrade_to_resource_aware() {
     assert_eq!(d.status.progress.resource_aware_since, None);
     assert_eq!(levels_of(&d.status).active.capacity, 100);
 }
+
+/// The expected completion follows the pacing the upgrade runs: ResourceAware's cycles (more, shorter traffic
+/// steps when what is freed is not a whole step), not the surge's.
+#[test]
+fn the_expected_completion_follows_resource_aware_pacing() {
+    use crate::upgrade_control::{Control, ResourceAwareMode};
+    let mut settings = decide_settings(Control::Run);
+    settings.options = opts(50, 10, 10);
+    settings.resource_aware = ResourceAwareMode::Always;
+    settings.max_unavailable_percent = 15;
+    let mut status = upgrade_status();
+    status.progress.upgrade_start_time = Some(t(100));
+    let d = decide(&both_ready(), &status, &settings, t(100));
+    let ra = UpgradeOptions {
+        resource_aware: Some(resource_aware::ResourceAware::live(15, &settings.options)),
+        ..settings.options
+    };
+    let (walk, surge) = (plan(&ra), plan(&settings.options));
+    assert!(
+        walk.traffic_steps > surge.traffic_steps,
+        "{} against {} steps",
+        walk.traffic_steps,
+        surge.traffic_steps
+    );
+    let planned = t(100) + SignedDuration::from_secs_f64(walk.min_duration_seconds);
+    assert_eq!(d.status.progress.upgrade_expected_completion_time, Some(planned));
+}

@@ -45,6 +45,8 @@ pub struct StatusView {
     last_traffic_step_time: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     resource_aware_since: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resource_aware_why: Option<&'static str>,
     /// The SLO checks' last evaluations in the running upgrade.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     slo_checks: Vec<rayshift_api::progress::SloCheckStatus>,
@@ -157,7 +159,23 @@ fn view(rs: &RayService, events: Vec<EventRow>, now: Timestamp) -> StatusView {
         last_traffic_step_time: upgrade::decide::last_step_time(&status),
         slo_checks: status.progress.slo_checks.clone(),
         resource_aware_since: status.progress.resource_aware_since,
+        resource_aware_why: status
+            .progress
+            .resource_aware_since
+            .map(|_| resource_aware_why(rs)),
         events,
+    }
+}
+
+/// Why a running upgrade paces ResourceAware, from what its RayService asks.
+fn resource_aware_why(rs: &RayService) -> &'static str {
+    let asked = rs.annotations().get(upgrade_control::RESOURCE_AWARE_ANNOTATION);
+    match asked.map(String::as_str) {
+        Some("always") => "rayshift.io/resource-aware: always asks for it",
+        Some("on-stall") => {
+            "the pending cluster stalled for lack of a resource (rayshift.io/resource-aware: on-stall)"
+        }
+        _ => "of the operator's --resource-aware default",
     }
 }
 
@@ -263,10 +281,10 @@ fn text(v: &StatusView, wide: bool, now: Timestamp) -> String {
     if let Some(c) = &v.control {
         let _ = writeln!(out, "Control: {c} (rayshift.io/upgrade-control)");
     }
-    if let Some(t) = v.resource_aware_since {
+    if let (Some(t), Some(why)) = (v.resource_aware_since, v.resource_aware_why) {
         let _ = writeln!(
             out,
-            "ResourceAware since {t}: the pending cluster stalled for lack of a resource, so the active cluster gives way first (rayshift.io/resource-aware: on-stall)"
+            "ResourceAware since {t}: the active cluster gives way first, because {why}"
         );
     }
     for c in &v.slo_checks {
