@@ -27,8 +27,10 @@ use kube::{
 use rayshift_api::RayService;
 use serde_json::{Value, json};
 use support::{
+    autoscaler::GPU_TAINT,
     cluster::control_plane_beside_ray,
     controller::ControllerProcess,
+    gpu_workers::{GpuWorkers, SERVE_GATE},
     load::{GrpcLoad, Load, Response},
     observer::Observer,
     prometheus::Prometheus,
@@ -62,8 +64,21 @@ const GRPC_OPTIONS: &str = "grpc_options:
   grpc_servicer_functions: [versioned_grpc.add_VersionedServicer_to_server]
 ";
 
-fn serve_config(version: &str, grpc: bool) -> String {
-    let grpc = if grpc { GRPC_OPTIONS } else { "" };
+/// What the RayService runs beside the versioned app.
+#[derive(Clone, Default)]
+struct Shape {
+    /// Serve serves gRPC too.
+    grpc: bool,
+    /// Each replica needs a GPU worker, placed by kube-scheduler on this GPU node (issue 18).
+    gpu_node: Option<String>,
+}
+
+fn serve_config(version: &str, shape: &Shape) -> String {
+    let grpc = if shape.grpc { GRPC_OPTIONS } else { "" };
+    let gpu = match shape.gpu_node {
+        Some(_) => "        ray_actor_options: {num_cpus: 0, num_gpus: 1}\n",
+        None => "",
+    };
     format!(
         "proxy_location: HeadOnly
 http_options:
@@ -78,14 +93,14 @@ http_options:
     deployments:
       - name: Versioned
         num_replicas: {REPLICAS}
-"
+{gpu}"
     )
 }
 
 /// A new version changes the cluster (a new RayCluster) and the app.
-fn spec(version: &str, grpc: bool) -> Value {
-    json!({
-        "serveConfigV2": serve_config(version, grpc),
+fn spec(version: &str, shape: &Shape) -> Value {
+    let mut spec = json!({
+        "serveConfigV2": serve_config(version, shape),
         "rayClusterConfig": {
             "enableInTreeAutoscaling": true,
             "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [{
@@ -95,11 +110,21 @@ fn spec(version: &str, grpc: bool) -> Value {
             "workerGroupSpecs": [{"groupName": "cpu", "replicas": 0, "minReplicas": 0, "maxReplicas": 1,
                 "template": {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.60.0"}]}}}]
         }
-    })
+    });
+    if let Some(node) = &shape.gpu_node {
+        spec["rayClusterConfig"]["workerGroupSpecs"] = json!([{"groupName": "gpu", "replicas": 0, "minReplicas": 0,
+            "maxReplicas": REPLICAS, "template": {"spec": {
+                "schedulingGates": [{"name": SERVE_GATE}],
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "tolerations": [{"key": GPU_TAINT, "operator": "Equal", "value": node, "effect": "NoSchedule"}],
+                "containers": [{"name": "ray-worker", "image": "rayproject/ray:2.60.0",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}]);
+    }
+    spec
 }
 
-fn rayservice(version: &str, grpc: bool) -> RayService {
-    let mut spec = spec(version, grpc);
+fn rayservice(version: &str, shape: &Shape) -> RayService {
+    let mut spec = spec(version, shape);
     spec["managedBy"] = json!("rayshift.io/controller");
     spec["rayClusterDeletionDelaySeconds"] = json!(DELETION_DELAY);
     spec["upgradeStrategy"] = json!({"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
@@ -134,8 +159,8 @@ struct Env {
     report: String,
     /// One row per phase: requests, failures, latency.
     summary: String,
-    /// Serve serves gRPC too, and each phase sends gRPC load beside the HTTP load.
-    grpc: bool,
+    /// Serve serves gRPC too (each phase sends gRPC load beside the HTTP load), or runs on GPU workers.
+    shape: Shape,
     /// More arguments of the controller (kept for its restart).
     controller_args: Vec<String>,
 }
@@ -183,7 +208,7 @@ impl Env {
             controller,
             report: String::new(),
             summary: String::new(),
-            grpc: false,
+            shape: Shape::default(),
             controller_args,
         }
     }
@@ -191,7 +216,7 @@ impl Env {
     /// Creates the RayService at v1; returns its first cluster once that alone serves all traffic.
     async fn deploy(&self) -> String {
         self.rayservices()
-            .create(&PostParams::default(), &rayservice("v1", self.grpc))
+            .create(&PostParams::default(), &rayservice("v1", &self.shape))
             .await
             .unwrap();
         let first = self
@@ -225,7 +250,7 @@ impl Env {
             .patch(
                 "llm",
                 &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": spec(version, self.grpc) })),
+                &Patch::Merge(&json!({ "spec": spec(version, &self.shape) })),
             )
             .await
             .unwrap();
@@ -718,6 +743,7 @@ impl Env {
     ) -> (String, Vec<String>) {
         let load = Load::start(&self.gateway.url(), RATE, LATENCY_BOUND);
         let grpc = self
+            .shape
             .grpc
             .then(|| GrpcLoad::start(&self.gateway.grpc_address(), RATE, LATENCY_BOUND));
         let from = Instant::now();
@@ -966,7 +992,7 @@ async fn real_dashboard_through_the_apiserver_service_proxy() {
 async fn grpc_moves_with_http_through_traefik() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut env = Env::new("realgrpc", DashboardRoute::Template).await;
-    env.grpc = true;
+    env.shape.grpc = true;
     let first = env.deploy().await;
     // A real Prometheus scrapes the controller and a webhook during the upgrade; afterwards every dashboard
     // query and alert rule is evaluated by it.
@@ -1030,7 +1056,7 @@ async fn grpc_moves_with_http_through_traefik() {
 async fn reviewing_webhook() -> (WebhookProcess, tempfile::TempDir) {
     let (webhook, certs) = WebhookProcess::with_generated_certs();
     let client = webhook.client();
-    let allowed = rayservice("v1", false);
+    let allowed = rayservice("v1", &Shape::default());
     let mut denied = serde_json::to_value(&allowed).unwrap();
     denied["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]["stepSizePercent"] = json!(0);
     for object in [serde_json::to_value(&allowed).unwrap(), denied] {
@@ -1282,4 +1308,67 @@ impl Env {
         );
         (new, problems)
     }
+}
+
+/// Issue 18's real-Ray variant: every Serve replica needs a GPU, and GPUs come only from worker Pods that the
+/// real kube-scheduler placed on a kwok node with one full copy's worth plus one (5 for 4 replicas). Each such
+/// Pod gets a real Ray worker node declaring its GPU; KubeRay creates and deletes the Pods, an autoscaler
+/// stand-in asks for as many workers as Serve has replicas and removes only idle ones. The surge (2 workers)
+/// cannot be placed; with `rayshift.io/resource-aware: on-stall` the upgrade switches, the old cluster gives
+/// way, its idle worker's Pod is deleted and its GPU goes to the new cluster, and so on to the promotion,
+/// under 50 requests/s through Traefik: no request fails and the invariants hold (the old cluster's dip at
+/// most maxUnavailablePercent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resource_aware_upgrade_on_real_gpu_workers_under_load() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut env = Env::new("realgpu", DashboardRoute::Template).await;
+    let node = format!("gpu-{}", env.ns);
+    let gpus = u32::try_from(REPLICAS).unwrap() + 1;
+    support::autoscaler::gpu_node(&env.client, &node, gpus, "10.250.161.0/24").await;
+    env.shape.gpu_node = Some(node);
+    let workers = GpuWorkers::start(env.client.clone(), &env.ns, &env.heads);
+    let first = env.deploy().await;
+    let observer = Observer::start(
+        env.client.clone(),
+        &env.ns,
+        "llm",
+        SURGE,
+        env.heads.serving(REPLICAS),
+    )
+    .with_dip(STEP);
+    env.annotate(RESOURCE_AWARE, json!("on-stall")).await;
+    let title = "v1 → v2 on GPU workers, no GPU free for the surge: ResourceAware on stall";
+    let (end, mut problems) = env.phase(title, &first, "v1", "v2", Twist::None).await;
+    assert_ne!(end, first, "not promoted");
+    let events = control_plane_beside_ray().events(&env.ns);
+    for (reason, name) in [
+        ("PendingClusterUnschedulable", None),
+        ("ResourceAwareMode", None),
+        ("DeletedWorkerPod", Some(first.as_str())),
+    ] {
+        let seen = events.iter().any(|e| {
+            e["reason"] == reason && name.is_none_or(|n| e["regarding"]["name"].as_str() == Some(n))
+        });
+        if !seen {
+            problems.push(format!(
+                "no {reason} event{}",
+                name.map_or(String::new(), |n| format!(" for {n}"))
+            ));
+        }
+    }
+    // Serve ran the new version's replicas on Ray nodes of Pods the scheduler gave a GPU, one each.
+    if workers.started(&end) < REPLICAS {
+        problems.push(format!("{end} ran on {} GPU workers", workers.started(&end)));
+    }
+    problems.extend(
+        observer
+            .violations()
+            .into_iter()
+            .map(|v| format!("invariant: {v}")),
+    );
+    let report = format!(
+        "# ResourceAware on real GPU workers\n\n| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) |\n|---|---|---|---|---|---|---|\n{}{}",
+        env.summary, env.report
+    );
+    conclude(&env, problems, &report);
 }

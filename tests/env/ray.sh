@@ -9,6 +9,11 @@
 #                                      head in netns NAME at 10.250.INDEX.2 (dashboard :8265, Serve :8000), or
 #                                      at ADDRESS (a Pod IP kwok gave the head Pod, in 10.250.128.0/20), joined
 #                                      point to point to the host's 10.250.64.1 (the same host end for every head)
+#   ray.sh worker NAME HEAD_IP ADDRESS INDEX APPDIR
+#                                      a Ray worker node declaring one GPU, inside head NAME's namespace at ADDRESS
+#                                      (its worker Pod's IP, added to that namespace's loopback), joined to the
+#                                      head at HEAD_IP, its ports offset by INDEX; in the foreground until killed
+#                                      (`ray start --block` stops the node's processes with it)
 #   ray.sh stop NAME                   stop that head and remove its namespace
 #   ray.sh venv                        print the venv directory
 #
@@ -109,6 +114,18 @@ start() {
   return 1
 }
 
+worker() {
+  local name=${1:?name} head=${2:?head ip} address=${3:?address} index=${4:?index} appdir=${5:?app dir}
+  # Only inside the namespace: the host never routes to it (10.250.0.0/16 is unreachable off the veth pairs).
+  $SUDO ip netns exec "$name" ip addr add "$address/32" dev lo 2>/dev/null || true
+  local base=$((21000 + index * 100))
+  exec $SUDO ip netns exec "$name" env PYTHONPATH="$appdir" "$VENV/bin/ray" start --address "$head:6379" \
+    --node-ip-address "$address" --num-cpus 1 --num-gpus 1 --disable-usage-stats --block \
+    --node-manager-port "$base" --object-manager-port $((base + 1)) --dashboard-agent-grpc-port $((base + 2)) \
+    --dashboard-agent-listen-port $((base + 3)) --metrics-export-port $((base + 4)) \
+    --runtime-env-agent-port $((base + 5)) --min-worker-port $((base + 10)) --max-worker-port $((base + 99))
+}
+
 stop() {
   local name=${1:?name}
   # By PID, never `ray stop`: that kills every Ray process on the machine, whatever its namespace.
@@ -152,6 +169,7 @@ case "${1:-}" in
   install) install ;;
   start) shift; start_or_retry "$@" ;;
   stop) shift; stop "$@" ;;
+  worker) shift; worker "$@" ;;
   venv) echo "$VENV" ;;
-  *) echo "usage: $0 install | start NAME INDEX APPDIR [ADDRESS] | stop NAME | venv" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start NAME INDEX APPDIR [ADDRESS] | worker NAME HEAD_IP ADDRESS INDEX APPDIR | stop NAME | venv" >&2; exit 2 ;;
 esac

@@ -12,7 +12,7 @@
 //!   capacity against Pods that got a GPU.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -147,7 +147,7 @@ impl Autoscaler {
     }
 }
 
-fn ready(pod: &Pod) -> bool {
+pub fn ready(pod: &Pod) -> bool {
     let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
     conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
@@ -198,19 +198,21 @@ async fn pass(
             },
         );
         if config.is_some() {
-            scale(&clusters, &cluster, &mine, desired).await?;
+            scale(&clusters, &cluster, &mine, desired, &Default::default()).await?;
         }
     }
     Ok(seen)
 }
 
 /// Sets the first worker group to `desired` replicas; going down, names the workers to remove, those that
-/// never started first (the autoscaler drops nodes that never came up before idle ones).
-async fn scale(
+/// never started first (the autoscaler drops nodes that never came up before idle ones), never one whose IP
+/// is in `busy` (a Ray node still running a replica).
+pub async fn scale(
     clusters: &Api<DynamicObject>,
     cluster: &DynamicObject,
     live: &[&Pod],
     desired: usize,
+    busy: &BTreeSet<String>,
 ) -> Result<(), kube::Error> {
     let mut groups = cluster.data["spec"]["workerGroupSpecs"].clone();
     let group = &mut groups[0];
@@ -220,9 +222,15 @@ async fn scale(
     if named.iter().any(|n| live.iter().any(|p| p.name_any() == *n)) {
         return Ok(());
     }
-    let mut by_readiness = live.to_vec();
-    by_readiness.sort_by_key(|p| ready(p));
-    let remove: Vec<String> = by_readiness
+    let ip = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .unwrap_or_default()
+    };
+    let mut idle: Vec<&Pod> = live.iter().copied().filter(|p| !busy.contains(&ip(p))).collect();
+    idle.sort_by_key(|p| ready(p));
+    let remove: Vec<String> = idle
         .iter()
         .take(live.len().saturating_sub(desired))
         .map(|p| p.name_any())

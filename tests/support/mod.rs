@@ -5,6 +5,7 @@ pub mod autoscaler;
 pub mod cluster;
 pub mod controller;
 pub mod dashboard;
+pub mod gpu_workers;
 pub mod incremental;
 pub mod kuberay;
 pub mod load;

@@ -206,6 +206,16 @@ impl RayHeads {
         }
     }
 
+    /// A cluster's head, once it answers: (network namespace, IP), whenever asked.
+    pub fn head_lookup(&self) -> Arc<dyn Fn(&str) -> Option<(String, String)> + Send + Sync> {
+        let shared = self.shared.clone();
+        Arc::new(move |cluster| {
+            let heads = shared.heads.lock().unwrap();
+            let h = heads.get(cluster)?;
+            Some((h.netns.clone(), h.ip.clone()?))
+        })
+    }
+
     pub fn head(&self, cluster: &str) -> Option<Head> {
         self.shared.heads.lock().unwrap().get(cluster).cloned()
     }

@@ -1,0 +1,229 @@
+//! Real Ray GPU workers for the real-Ray ResourceAware test (issue 18).
+//!
+//! KubeRay creates each cluster's GPU worker Pods, kube-scheduler places them on a kwok node with a fixed number
+//! of `nvidia.com/gpu`, and kwok runs them. For every such Pod that is Ready, a real Ray worker node joins its
+//! cluster's real head, declaring one GPU (`tests/env/ray.sh worker`): inside the head's network namespace, at
+//! the Pod's IP. Serve's replicas each need a GPU, so they run only on workers whose Pod got a GPU from the
+//! scheduler. When KubeRay deletes the Pod, its Ray node is stopped.
+//!
+//! Worker Pods carry no Serve proxy (`proxy_location: HeadOnly`): on a real node KubeRay's readiness probe (the
+//! worker's proxy health) would keep them out of the serve Service, but kwok marks every Pod Ready without
+//! probing. So the worker template holds each Pod back with a scheduling gate (`SERVE_GATE`) until this code
+//! has taken it out of the serve Service (`ray.io/serve: "false"`), then lifts the gate: the scheduler places
+//! it only after that, and no request is ever sent to a worker.
+//!
+//! The autoscaler is a stand-in (the real one runs beside a head with its Kubernetes credentials; here it
+//! would also need kwok's Pods to be real): each cluster gets as many workers as Serve has replicas, in any
+//! state, and going down only Pods whose Ray node runs no replica are named in `workersToDelete`, as the real
+//! autoscaler removes idle nodes.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::unix::process::CommandExt,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams},
+};
+use rayshift_api::RayCluster;
+use serde_json::{Value, json};
+
+/// The scheduling gate of the GPU workers' template, lifted once a Pod is out of the serve Service.
+pub const SERVE_GATE: &str = "rayshift-test/out-of-serve-service";
+
+use super::{
+    autoscaler::{ready, scale},
+    cluster::repo,
+    ray::{RayHeads, script},
+};
+
+/// A Ray worker node for one Pod.
+struct Worker {
+    child: Child,
+    log: String,
+}
+
+impl Worker {
+    /// `ray start` said the node runs.
+    fn up(&self) -> bool {
+        std::fs::read_to_string(&self.log).is_ok_and(|l| l.contains("Ray runtime started"))
+    }
+
+    /// `ray start` gave up (a node that timed out registering): started again on the next pass.
+    fn failed(&mut self) -> bool {
+        self.child.try_wait().is_ok_and(|s| s.is_some())
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // The whole process group: `ray start --block` and the node's processes it started. Off the async
+        // runtime: an idle node goes at SIGTERM, anything left a moment later is killed.
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-TERM", &group]).status();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(2));
+            let _ = Command::new("kill").args(["-KILL", &group]).status();
+        });
+        let _ = self.child.try_wait();
+        if self.up() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Nodes {
+    /// Pod name -> its Ray worker node.
+    running: BTreeMap<String, Worker>,
+    /// Every Pod that got a Ray node, in order, with its cluster.
+    started: Vec<(String, String)>,
+    next_index: u32,
+}
+
+pub struct GpuWorkers {
+    nodes: Arc<Mutex<Nodes>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for GpuWorkers {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.nodes.lock().unwrap().running.clear();
+    }
+}
+
+impl GpuWorkers {
+    pub fn start(client: Client, ns: &str, heads: &RayHeads) -> Self {
+        let nodes = Arc::new(Mutex::new(Nodes::default()));
+        let (mine, ns, head_of) = (nodes.clone(), ns.to_string(), heads.head_lookup());
+        let task = tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            loop {
+                if let Err(e) = pass(&client, &ns, &http, &*head_of, &mine).await {
+                    if !matches!(&e, kube::Error::Api(s) if s.code == 409) {
+                        eprintln!("GPU workers: {e}");
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        });
+        GpuWorkers { nodes, task }
+    }
+
+    /// Pods that got a Ray worker node, per cluster.
+    pub fn started(&self, cluster: &str) -> usize {
+        let nodes = self.nodes.lock().unwrap();
+        nodes.started.iter().filter(|(_, c)| c == cluster).count()
+    }
+}
+
+/// Serve's replicas on a head: how many (any state), and the node IPs that run one.
+async fn replicas(http: &reqwest::Client, head_ip: &str) -> Option<(usize, BTreeSet<String>)> {
+    let url = format!("http://{head_ip}:8265/api/serve/applications/");
+    let resp = http.get(url).timeout(Duration::from_secs(2)).send().await.ok()?;
+    let body: Value = resp.json().await.ok()?;
+    let all: Vec<&Value> = body["applications"]
+        .as_object()?
+        .values()
+        .flat_map(|a| a["deployments"].as_object().into_iter().flat_map(|d| d.values()))
+        .flat_map(|d| d["replicas"].as_array().into_iter().flatten())
+        .collect();
+    let busy = all
+        .iter()
+        .filter_map(|r| r["node_ip"].as_str().map(str::to_string))
+        .collect();
+    Some((all.len(), busy))
+}
+
+type HeadLookup = dyn Fn(&str) -> Option<(String, String)> + Send + Sync;
+
+async fn pass(
+    client: &Client,
+    ns: &str,
+    http: &reqwest::Client,
+    head_of: &HeadLookup,
+    nodes: &Mutex<Nodes>,
+) -> Result<(), kube::Error> {
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<RayCluster>(&()));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let workers = pods
+        .list(&ListParams::default().labels("ray.io/node-type=worker"))
+        .await?;
+    let live: Vec<&Pod> = workers
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    for pod in live.iter().filter(|p| gated(p)) {
+        let patch =
+            json!({"metadata": {"labels": {"ray.io/serve": "false"}}, "spec": {"schedulingGates": null}});
+        pods.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    // Pods gone (or going): their Ray nodes stop. Nodes that failed to start are started again.
+    nodes
+        .lock()
+        .unwrap()
+        .running
+        .retain(|pod, w| live.iter().any(|p| p.name_any() == *pod) && !w.failed());
+    for cluster in clusters.list(&ListParams::default()).await? {
+        let name = cluster.name_any();
+        let Some((netns, head_ip)) = head_of(&name) else {
+            continue;
+        };
+        let mine: Vec<&Pod> = live
+            .iter()
+            .copied()
+            .filter(|p| p.labels().get("ray.io/cluster") == Some(&name))
+            .collect();
+        for pod in mine.iter().filter(|p| ready(p)) {
+            join(nodes, &name, &netns, &head_ip, pod);
+        }
+        if let Some((wanted, busy)) = replicas(http, &head_ip).await {
+            scale(&clusters, &cluster, &mine, wanted, &busy).await?;
+        }
+    }
+    Ok(())
+}
+
+fn gated(pod: &Pod) -> bool {
+    let gates = pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref());
+    gates.is_some_and(|g| g.iter().any(|g| g.name == SERVE_GATE))
+}
+
+/// Starts the Ray worker node of a Ready Pod, once.
+fn join(nodes: &Mutex<Nodes>, cluster: &str, netns: &str, head_ip: &str, pod: &Pod) {
+    let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+        return;
+    };
+    let mut nodes = nodes.lock().unwrap();
+    // One node starting at a time: several raylets registering at once on 2 cores time out.
+    if nodes.running.contains_key(&pod.name_any()) || nodes.running.values().any(|w| !w.up()) {
+        return;
+    }
+    // Ports offset by index; 40 slots stay below the ephemeral range.
+    let index = nodes.next_index % 40;
+    nodes.next_index += 1;
+    let path = format!("/tmp/{netns}-worker-{index}.log");
+    let log = std::fs::File::create(&path).unwrap();
+    let app_dir = repo().join("tests/env/ray-app");
+    let child = Command::new("bash")
+        .arg(script())
+        .args(["worker", netns, head_ip, &ip, &index.to_string()])
+        .arg(&app_dir)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    nodes.started.push((pod.name_any(), cluster.to_string()));
+    nodes.running.insert(pod.name_any(), Worker { child, log: path });
+}
