@@ -39,7 +39,7 @@ pub const SERVE_GATE: &str = "rayshift-test/out-of-serve-service";
 use super::{
     autoscaler::{ready, scale},
     cluster::repo,
-    ray::{RayHeads, script},
+    ray::{HeadLookup, RayHeads, script},
 };
 
 /// A Ray worker node for one Pod.
@@ -105,10 +105,11 @@ impl GpuWorkers {
         let task = tokio::spawn(async move {
             let http = reqwest::Client::new();
             loop {
-                if let Err(e) = pass(&client, &ns, &http, &*head_of, &mine).await {
-                    if !matches!(&e, kube::Error::Api(s) if s.code == 409) {
-                        eprintln!("GPU workers: {e}");
-                    }
+                match pass(&client, &ns, &http, &*head_of, &mine).await {
+                    // Another writer came first (KubeRay, rayshift): the next pass reads it again.
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => eprintln!("GPU workers: {e}"),
+                    Ok(()) => {}
                 }
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
@@ -140,8 +141,6 @@ async fn replicas(http: &reqwest::Client, head_ip: &str) -> Option<(usize, BTree
         .collect();
     Some((all.len(), busy))
 }
-
-type HeadLookup = dyn Fn(&str) -> Option<(String, String)> + Send + Sync;
 
 async fn pass(
     client: &Client,

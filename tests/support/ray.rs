@@ -130,6 +130,9 @@ pub struct Sample {
     pub view: Option<ServeView>,
 }
 
+/// A cluster's head, once it answers: (network namespace, IP).
+pub type HeadLookup = dyn Fn(&str) -> Option<(String, String)> + Send + Sync;
+
 #[derive(Clone, Debug)]
 pub struct Head {
     pub netns: String,
@@ -207,7 +210,7 @@ impl RayHeads {
     }
 
     /// A cluster's head, once it answers: (network namespace, IP), whenever asked.
-    pub fn head_lookup(&self) -> Arc<dyn Fn(&str) -> Option<(String, String)> + Send + Sync> {
+    pub fn head_lookup(&self) -> Arc<HeadLookup> {
         let shared = self.shared.clone();
         Arc::new(move |cluster| {
             let heads = shared.heads.lock().unwrap();
