@@ -750,13 +750,7 @@ impl Env {
         if twist == Twist::ResourceAware {
             self.annotate(RESOURCE_AWARE, json!("always")).await;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        self.set_version(version).await;
-        let new = self
-            .eventually("a pending RayCluster", 30, || async {
-                pending(&self.get().await)
-            })
-            .await;
+        let new = self.start_upgrade(version).await;
         if matches!(twist, Twist::RestartController | Twist::Abort | Twist::Revert) {
             self.eventually(&format!("{new} carrying 50% of traffic"), 240, || async {
                 (self.traffic_of(&new).await >= 50).then_some(())
@@ -851,6 +845,27 @@ impl Env {
         (end, problems)
     }
 
+    /// The invariant observer of the RayService, Ray's own word deciding what serves.
+    fn observe(&self) -> Observer {
+        Observer::start(
+            self.client.clone(),
+            &self.ns,
+            "llm",
+            SURGE,
+            self.heads.serving(REPLICAS),
+        )
+    }
+
+    /// A second of load first, then the new version; its pending cluster.
+    async fn start_upgrade(&self, version: &str) -> String {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.set_version(version).await;
+        self.eventually("a pending RayCluster", 30, || async {
+            pending(&self.get().await)
+        })
+        .await
+    }
+
     async fn annotate_control(&self, value: Value) {
         self.annotate("rayshift.io/upgrade-control", value).await;
     }
@@ -876,13 +891,7 @@ async fn zero_downtime_through_traefik_upgrades_restart_abort_and_rollback() {
     let mut env = Env::new("realray", DashboardRoute::Template).await;
     let first = env.deploy().await;
     let deployed = began.elapsed();
-    let observer = Observer::start(
-        env.client.clone(),
-        &env.ns,
-        "llm",
-        SURGE,
-        env.heads.serving(REPLICAS),
-    );
+    let observer = env.observe();
     let mut clusters = vec![first.clone()];
     let mut problems = Vec::new();
     let mut serving = "v1".to_string();
@@ -1241,13 +1250,7 @@ impl Env {
     async fn failing_phase(&mut self, old: &str, serving: &str, failing: &str) -> (String, Vec<String>) {
         let load = Load::start(&self.gateway.url(), RATE, LATENCY_BOUND);
         let from = Instant::now();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        self.set_version(failing).await;
-        let new = self
-            .eventually("a pending RayCluster", 30, || async {
-                pending(&self.get().await)
-            })
-            .await;
+        let new = self.start_upgrade(failing).await;
         let abort = self
             .eventually("the upgrade aborted by an SLO check", 240, || async {
                 self.get().await.status?.progress.upgrade_abort
@@ -1328,14 +1331,7 @@ async fn resource_aware_upgrade_on_real_gpu_workers_under_load() {
     env.shape.gpu_node = Some(node);
     let workers = GpuWorkers::start(env.client.clone(), &env.ns, &env.heads);
     let first = env.deploy().await;
-    let observer = Observer::start(
-        env.client.clone(),
-        &env.ns,
-        "llm",
-        SURGE,
-        env.heads.serving(REPLICAS),
-    )
-    .with_dip(STEP);
+    let observer = env.observe().with_dip(STEP);
     env.annotate(RESOURCE_AWARE, json!("on-stall")).await;
     let title = "v1 → v2 on GPU workers, no GPU free for the surge: ResourceAware on stall";
     let (end, mut problems) = env.phase(title, &first, "v1", "v2", Twist::None).await;

@@ -152,6 +152,20 @@ pub fn ready(pod: &Pod) -> bool {
     conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The namespace's RayClusters (raw: every field kept for a patch) and its worker Pods not being deleted.
+pub async fn workers(client: &Client, ns: &str) -> Result<(Api<DynamicObject>, Vec<Pod>), kube::Error> {
+    let clusters = Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<RayCluster>(&()));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let workers = pods
+        .list(&ListParams::default().labels("ray.io/node-type=worker"))
+        .await?;
+    let live = workers
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none());
+    Ok((clusters, live.collect()))
+}
+
 /// One look at every cluster: its Ready workers (what the fake dashboard may run), and the replicas its
 /// Serve target capacity needs.
 async fn pass(
@@ -160,18 +174,9 @@ async fn pass(
     dashboard: &FakeDashboard,
     per_copy: usize,
 ) -> Result<BTreeMap<String, Workers>, kube::Error> {
-    let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<RayCluster>(&()));
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let workers = pods
-        .list(&ListParams::default().labels("ray.io/node-type=worker"))
-        .await?;
+    let (clusters, workers) = workers(client, ns).await?;
     let mut live: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
-    for pod in workers
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-    {
+    for pod in &workers {
         if let Some(cluster) = pod.labels().get("ray.io/cluster") {
             live.entry(cluster.clone()).or_default().push(pod);
         }

@@ -28,16 +28,15 @@ use std::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, ResourceExt,
-    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams},
+    api::{ListParams, Patch, PatchParams},
 };
-use rayshift_api::RayCluster;
 use serde_json::{Value, json};
 
 /// The scheduling gate of the GPU workers' template, lifted once a Pod is out of the serve Service.
 pub const SERVE_GATE: &str = "rayshift-test/out-of-serve-service";
 
 use super::{
-    autoscaler::{ready, scale},
+    autoscaler::{ready, scale, workers},
     cluster::repo,
     ray::{HeadLookup, RayHeads, script},
 };
@@ -149,17 +148,9 @@ async fn pass(
     head_of: &HeadLookup,
     nodes: &Mutex<Nodes>,
 ) -> Result<(), kube::Error> {
-    let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<RayCluster>(&()));
+    let (clusters, workers) = workers(client, ns).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let workers = pods
-        .list(&ListParams::default().labels("ray.io/node-type=worker"))
-        .await?;
-    let live: Vec<&Pod> = workers
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
+    let live: Vec<&Pod> = workers.iter().collect();
     for pod in live.iter().filter(|p| gated(p)) {
         let patch =
             json!({"metadata": {"labels": {"ray.io/serve": "false"}}, "spec": {"schedulingGates": null}});
