@@ -1208,9 +1208,13 @@ async fn resource_aware_upgrade_through_the_real_scheduler_on_gpu_limited_nodes(
         support::webhook::metric(&env.controller.as_ref().unwrap().metrics(), &series)
     };
     let (dips, mode) = (RefCell::new(BTreeSet::new()), Cell::new(false));
+    let freed = RefCell::new(BTreeSet::new());
     env.eventually(&format!("{new} promoted"), 240, || async {
         dips.borrow_mut()
             .insert(gauge("rayshift_rayservice_capacity_dip_percent") as i64);
+        freed
+            .borrow_mut()
+            .insert(gauge("rayshift_rayservice_capacity_freed_percent") as i64);
         mode.set(mode.get() || gauge("rayshift_rayservice_upgrade_resource_aware") == 1.0);
         let rs = env.get().await;
         (active(&rs).as_deref() == Some(new.as_str()) && pending(&rs).is_none()).then_some(())
@@ -1218,6 +1222,11 @@ async fn resource_aware_upgrade_through_the_real_scheduler_on_gpu_limited_nodes(
     .await;
     assert!(mode.get(), "the ResourceAware gauge never showed 1");
     assert_eq!(dips.borrow().last(), Some(&25), "dips seen in /metrics: {dips:?}");
+    // The active cluster gave back 25 %, then 75 % (the last 25 % goes with the promotion).
+    assert!(
+        [25, 75].iter().all(|f| freed.borrow().contains(f)),
+        "freed seen in /metrics: {freed:?}"
+    );
     let to = Instant::now();
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
     let raises = observer.raises(&new);

@@ -41,6 +41,9 @@ pub struct ServiceView {
     pub stalled: bool,
     /// How far a cluster's target capacity is below the traffic it carries (ResourceAware's dip), in percent.
     pub capacity_dip: f64,
+    /// What the active cluster gave back for the pending one while the upgrade paces ResourceAware, in percent
+    /// of a full copy.
+    pub capacity_freed: f64,
     pub rollback: bool,
     pub seconds_until_next_step: Option<f64>,
     pub last_step_unix: Option<f64>,
@@ -85,6 +88,7 @@ impl ServiceView {
             resource_aware: status.progress.resource_aware_since.is_some(),
             stalled: status.progress.pending_stall.is_some(),
             capacity_dip: capacity_dip(status),
+            capacity_freed: capacity_freed(status),
             rollback,
             seconds_until_next_step: until,
             last_step_unix: last_step.map(|t| t.as_millisecond() as f64 / 1000.0),
@@ -102,6 +106,19 @@ fn capacity_dip(status: &RayServiceStatuses) -> f64 {
     f64::from(gaps.max().unwrap_or(0).max(0))
 }
 
+/// 100 − the active cluster's target capacity, while a ResourceAware upgrade runs (0 otherwise).
+fn capacity_freed(status: &RayServiceStatuses) -> f64 {
+    let running = status.progress.resource_aware_since.is_some() && status.pending_service_status.is_some();
+    let active = status
+        .active_service_status
+        .as_ref()
+        .and_then(|s| s.target_capacity);
+    match (running, active) {
+        (true, Some(c)) => f64::from(100 - c),
+        _ => 0.0,
+    }
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     health: Health,
@@ -114,6 +131,7 @@ pub struct Metrics {
     resource_aware: GaugeVec,
     stalled: GaugeVec,
     capacity_dip: GaugeVec,
+    capacity_freed: GaugeVec,
     last_step: GaugeVec,
     until_next_step: GaugeVec,
     expected_completion: GaugeVec,
@@ -177,6 +195,11 @@ impl Metrics {
             capacity_dip: r.gauges(
                 "rayshift_rayservice_capacity_dip_percent",
                 "How far a cluster's Serve target_capacity is below the traffic it carries: a ResourceAware upgrade's dip, at most maxUnavailablePercent; 0 otherwise.",
+                svc,
+            )?,
+            capacity_freed: r.gauges(
+                "rayshift_rayservice_capacity_freed_percent",
+                "What the active cluster gave back (100 - its target_capacity, in percent of a full copy) for the pending one while a ResourceAware upgrade runs; 0 otherwise.",
                 svc,
             )?,
             last_step: r.gauges(
@@ -313,6 +336,9 @@ impl Metrics {
         self.capacity_dip
             .with_label_values(&[ns, name])
             .set(view.capacity_dip);
+        self.capacity_freed
+            .with_label_values(&[ns, name])
+            .set(view.capacity_freed);
         self.until_next_step
             .with_label_values(&[ns, name])
             .set(view.seconds_until_next_step.unwrap_or(0.0));
@@ -390,6 +416,7 @@ impl Metrics {
             &self.resource_aware,
             &self.stalled,
             &self.capacity_dip,
+            &self.capacity_freed,
             &self.last_step,
             &self.until_next_step,
             &self.expected_completion,
