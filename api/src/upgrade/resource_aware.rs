@@ -81,8 +81,12 @@ fn forward(opts: &UpgradeOptions, ra: ResourceAware, obs: &Observed) -> Action {
         return traffic_step(opts, obs);
     }
     // Caught up. The active cluster gives way first, down to its floor (0 once it carries nothing): what it
-    // frees is what a full cluster has to give ...
+    // frees is what a full cluster has to give ... but only to a pending cluster that can take it: one whose
+    // head does not answer yet would leave the dip standing for nothing.
     let floor = ra.floor(a.traffic);
+    if floor < a.capacity && !obs.pending_reachable {
+        return wait(WaitReason::PendingCapacityNotReady);
+    }
     if floor < a.capacity {
         return lower(opts, obs, Role::Active, floor);
     }
@@ -106,6 +110,8 @@ fn swapped(obs: &Observed) -> Observed {
         pending: obs.active,
         pending_capacity_ready: obs.active_capacity_ready,
         active_capacity_ready: obs.pending_capacity_ready,
+        // The cluster rolled back onto is the active one, which serves.
+        pending_reachable: true,
         pending_stalled: false,
         // A rollback is never held by a promote's hurry.
         hurry: false,

@@ -1403,3 +1403,27 @@ fn the_expected_completion_follows_resource_aware_pacing() {
     let planned = t(100) + SignedDuration::from_secs_f64(walk.min_duration_seconds);
     assert_eq!(d.status.progress.upgrade_expected_completion_time, Some(planned));
 }
+
+/// ResourceAware gives way only to a pending cluster that can take what is freed: while its head does not
+/// answer, the active cluster keeps its capacity (no dip for nothing).
+#[test]
+fn resource_aware_waits_for_a_reachable_pending_cluster_before_the_dip() {
+    let opts = resource_aware_opts(opts(50, 25, 10), 25, 25);
+    let mut o = observed((100, 100), (0, 0));
+    o.pending_reachable = false;
+    assert_eq!(
+        next_action(&opts, &o),
+        Action::Wait {
+            until: None,
+            reason: WaitReason::PendingCapacityNotReady
+        }
+    );
+    o.pending_reachable = true;
+    assert_eq!(
+        next_action(&opts, &o),
+        Action::SetTargetCapacity {
+            role: Role::Active,
+            percent: 75
+        }
+    );
+}
