@@ -4,7 +4,7 @@
 //! - a cluster's route weight never exceeds its target capacity (the active cluster's may by the dip a
 //!   ResourceAware upgrade allows, `with_dip`; the pending cluster's never);
 //! - active + pending capacity ≤ 100 + maxSurgePercent;
-//! - no weight on a cluster whose Serve apps are not RUNNING (per the dashboard, fake or real);
+//! - no weight moved onto a cluster whose Serve apps are not RUNNING (per the dashboard, fake or real);
 //! - the cluster carrying traffic is never deleted.
 //!
 //! Weight and capacity live in two objects seen through two watches, which can deliver out of order (after
@@ -273,7 +273,13 @@ impl Observer {
                     seen.violations
                         .push(format!("route: weights sum to {sum}: {weights:?}"));
                 }
-                for (cluster, w) in weights.iter().filter(|(_, w)| **w > 0) {
+                // Traffic moved onto a cluster: its apps must be RUNNING. Traffic moved off one (a rollback
+                // taking it back from a cluster Serve is scaling down, DEPLOYING meanwhile) is not checked.
+                let before = seen.routes.last().map(|(_, w)| w.clone()).unwrap_or_default();
+                let raised = weights
+                    .iter()
+                    .filter(|(c, w)| **w > 0 && **w > before.get(*c).copied().unwrap_or(0));
+                for (cluster, w) in raised {
                     if let Err(why) = serving(cluster, *w) {
                         seen.violations.push(format!("route: {w}% to {cluster}: {why}"));
                     }
