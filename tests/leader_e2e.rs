@@ -11,7 +11,12 @@ use kube::{
 };
 use rayshift_api::RayService;
 use serde_json::json;
-use support::{cluster::control_plane_with_kuberay, controller::ControllerProcess, dashboard::FakeDashboard};
+use support::{
+    cluster::control_plane_with_kuberay,
+    controller::ControllerProcess,
+    dashboard::FakeDashboard,
+    signal::{self, Sig},
+};
 
 fn leader(c: &ControllerProcess) -> bool {
     support::webhook::metric(&c.metrics(), "rayshift_controller_leader") == 1.0
@@ -94,11 +99,7 @@ async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
     assert!(!leader(&controllers[other]));
 
     // Kill the leader (no chance to release the Lease) and change the spec: the follower takes over.
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &controllers[first].child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    assert!(signal::process(controllers[first].child.id(), Sig::KILL));
     let killed = Instant::now();
     let patch = json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head",
         "image": "ray:2", "ports": [{"name": "serve", "containerPort": 8000}]}]}}}}}});
@@ -144,12 +145,8 @@ async fn one_leader_writes_and_the_other_takes_over_after_a_kill() {
     controllers[first].alive();
 }
 
-fn signal(c: &ControllerProcess, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .args([sig, &c.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+fn freeze(c: &ControllerProcess, sig: Sig) {
+    assert!(signal::process(c.child.id(), sig));
 }
 
 /// A leader frozen (SIGSTOP, as a long GC pause or a partition would) while the other replica takes over
@@ -223,21 +220,21 @@ async fn a_leader_that_wakes_after_losing_its_lease_writes_nothing() {
     // Let the leader settle, then freeze it until the other replica leads.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = writes(&controllers[first]);
-    signal(&controllers[first], "-STOP");
+    freeze(&controllers[first], Sig::STOP);
     wait_leader(other, 20).await;
     // Freeze the new leader too, with a fresh Lease, and give the old one work to do.
-    signal(&controllers[other], "-STOP");
+    freeze(&controllers[other], Sig::STOP);
     let clusters_before = count().await;
     let patch = json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head",
         "image": "ray:2", "ports": [{"name": "serve", "containerPort": 8000}]}]}}}}}});
     api.patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    signal(&controllers[first], "-CONT");
+    freeze(&controllers[first], Sig::CONT);
     tokio::time::sleep(Duration::from_secs(4)).await;
     let after = writes(&controllers[first]);
     let clusters_after = count().await;
-    signal(&controllers[other], "-CONT");
+    freeze(&controllers[other], Sig::CONT);
     assert_eq!(
         (after, clusters_after),
         (before, clusters_before),

@@ -16,7 +16,10 @@ use std::{
 use base64::Engine;
 use rayshift_api::documents;
 use serde_json::{Value, json};
-use support::webhook::{WebhookProcess, admission_review, generate_certs, metric};
+use support::{
+    signal::{self, Sig},
+    webhook::{WebhookProcess, admission_review, generate_certs, metric},
+};
 
 fn fixture(name: &str) -> Value {
     let path = format!(
@@ -625,11 +628,7 @@ async fn sigterm_drains_in_flight_requests() {
         tls.write_all(&half).await.unwrap();
         tls.flush().await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        assert!(signal::process(pid, Sig::TERM));
         tokio::time::sleep(Duration::from_millis(300)).await;
         tls.write_all(&rest).await.unwrap();
         tls.flush().await.unwrap();

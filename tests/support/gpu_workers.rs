@@ -39,11 +39,14 @@ use super::{
     autoscaler::{ready, scale, workers},
     cluster::repo,
     ray::{HeadLookup, RayHeads, script},
+    signal::{self, Sig},
 };
 
 /// A Ray worker node for one Pod.
 struct Worker {
-    child: Child,
+    /// `ray start --block`, leader of the node's process group; None once reaped.
+    child: Option<Child>,
+    group: u32,
     log: String,
 }
 
@@ -55,21 +58,32 @@ impl Worker {
 
     /// `ray start` gave up (a node that timed out registering): started again on the next pass.
     fn failed(&mut self) -> bool {
-        self.child.try_wait().is_ok_and(|s| s.is_some())
+        let exited = self
+            .child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().is_ok_and(|s| s.is_some()));
+        if exited {
+            // Reaped: its PID, the group's ID, may be handed out again, so no delayed KILL may reach it.
+            self.child = None;
+        }
+        exited
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        // The whole process group: `ray start --block` and the node's processes it started. Off the async
-        // runtime: an idle node goes at SIGTERM, anything left a moment later is killed.
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-TERM", &group]).status();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(2));
-            let _ = Command::new("kill").args(["-KILL", &group]).status();
-        });
-        let _ = self.child.try_wait();
+        // The whole group: `ray start --block` and the node's processes it started. An idle node goes at
+        // SIGTERM; what is left a moment later is killed, off the async runtime. The leader is reaped only after
+        // that KILL, so until then the group's ID cannot belong to anyone else.
+        signal::group(self.group, Sig::TERM);
+        if let Some(mut child) = self.child.take() {
+            let group = self.group;
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(2));
+                signal::group(group, Sig::KILL);
+                let _ = child.wait();
+            });
+        }
         if self.up() {
             let _ = std::fs::remove_file(&self.log);
         }
@@ -215,5 +229,11 @@ fn join(nodes: &Mutex<Nodes>, cluster: &str, netns: &str, head_ip: &str, pod: &P
         .spawn()
         .unwrap();
     nodes.started.push((pod.name_any(), cluster.to_string()));
-    nodes.running.insert(pod.name_any(), Worker { child, log: path });
+    let group = child.id();
+    let worker = Worker {
+        child: Some(child),
+        group,
+        log: path,
+    };
+    nodes.running.insert(pod.name_any(), worker);
 }

@@ -10,6 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::signal::{self, Sig};
+
 #[derive(Clone, Debug)]
 pub enum Outcome {
     /// 2xx with this body.
@@ -155,9 +157,7 @@ impl GrpcLoad {
     /// Stops sending, waits for the calls in flight; every answer, as `Response`s.
     pub async fn stop(self) -> (Duration, Vec<Response>) {
         let ran = self.started.elapsed();
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
+        signal::process(self.child.id(), Sig::TERM);
         let mut child = self.child;
         let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap();
         assert!(

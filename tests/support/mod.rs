@@ -13,6 +13,7 @@ pub mod local_routes;
 pub mod observer;
 pub mod prometheus;
 pub mod ray;
+pub mod signal;
 pub mod status;
 pub mod traefik;
 pub mod wait;
