@@ -18,7 +18,7 @@
 //! autoscaler removes idle nodes.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     os::unix::process::CommandExt,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -30,7 +30,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams},
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// The scheduling gate of the GPU workers' template, lifted once a Pod is out of the serve Service.
 pub const SERVE_GATE: &str = "rayshift-test/out-of-serve-service";
@@ -38,7 +38,7 @@ pub const SERVE_GATE: &str = "rayshift-test/out-of-serve-service";
 use super::{
     autoscaler::{ready, scale, workers},
     cluster::repo,
-    ray::{HeadLookup, RayHeads, script},
+    ray::{HeadLookup, RayHeads, look, script},
     signal::{self, Sig},
 };
 
@@ -137,24 +137,6 @@ impl GpuWorkers {
     }
 }
 
-/// Serve's replicas on a head: how many (any state), and the node IPs that run one.
-async fn replicas(http: &reqwest::Client, head_ip: &str) -> Option<(usize, BTreeSet<String>)> {
-    let url = format!("http://{head_ip}:8265/api/serve/applications/");
-    let resp = http.get(url).timeout(Duration::from_secs(2)).send().await.ok()?;
-    let body: Value = resp.json().await.ok()?;
-    let all: Vec<&Value> = body["applications"]
-        .as_object()?
-        .values()
-        .flat_map(|a| a["deployments"].as_object().into_iter().flat_map(|d| d.values()))
-        .flat_map(|d| d["replicas"].as_array().into_iter().flatten())
-        .collect();
-    let busy = all
-        .iter()
-        .filter_map(|r| r["node_ip"].as_str().map(str::to_string))
-        .collect();
-    Some((all.len(), busy))
-}
-
 async fn pass(
     client: &Client,
     ns: &str,
@@ -190,8 +172,9 @@ async fn pass(
         for pod in mine.iter().filter(|p| ready(p)) {
             join(nodes, &name, &netns, &head_ip, pod);
         }
-        if let Some((wanted, busy)) = replicas(http, &head_ip).await {
-            scale(&clusters, &cluster, &mine, wanted, &busy).await?;
+        if let Some(serve) = look(http, &head_ip).await {
+            let wanted = serve.replicas.values().sum();
+            scale(&clusters, &cluster, &mine, wanted, &serve.replica_nodes).await?;
         }
     }
     Ok(())

@@ -11,7 +11,7 @@
 //! - A sampler asks every head directly, every 250 ms, what Serve really runs.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::PathBuf,
     process::Command,
     sync::{
@@ -50,6 +50,8 @@ pub struct ServeView {
     pub running: BTreeMap<String, usize>,
     /// Deployment -> replicas in any state.
     pub replicas: BTreeMap<String, usize>,
+    /// IPs of the nodes that run a replica (any state).
+    pub replica_nodes: BTreeSet<String>,
 }
 
 impl ServeView {
@@ -74,6 +76,11 @@ impl ServeView {
                     .flatten()
                     .filter(|r| r.get("state").and_then(Value::as_str) == Some("RUNNING"))
                     .count();
+                let nodes = replicas
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r.get("node_ip")?.as_str());
+                view.replica_nodes.extend(nodes.map(str::to_string));
                 view.running.insert(d.clone(), running);
                 view.replicas.insert(d.clone(), replicas.map_or(0, Vec::len));
             }
@@ -301,7 +308,7 @@ impl Drop for RayHeads {
     }
 }
 
-async fn look(http: &reqwest::Client, ip: &str) -> Option<ServeView> {
+pub async fn look(http: &reqwest::Client, ip: &str) -> Option<ServeView> {
     let resp = http
         .get(format!("http://{ip}:8265/api/serve/applications/"))
         .timeout(Duration::from_secs(2))
