@@ -144,12 +144,13 @@ impl Dashboard {
         kube: kube::Client,
         metrics: Metrics,
     ) -> Result<Self> {
-        // A small pool per dashboard: one cluster's reads reuse a connection, and a thousand clusters do not
-        // keep a thousand idle ones between health periods.
+        // Idle connections are kept per host, up to the in-flight limit: a dashboard per cluster keeps the one
+        // its reads use, and dashboards behind one address (a shared gateway, the tests' one server) keep as many
+        // as a burst of checks opened, instead of opening them again for every burst (issue 16's settled CPU).
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
-            .pool_max_idle_per_host(2)
+            .pool_max_idle_per_host(usize::from(max_in_flight.max(1)))
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .map_err(Error::HttpClient)?;
@@ -461,5 +462,67 @@ mod tests {
             },
         );
         assert!(!s.all_running());
+    }
+
+    /// A local server that answers every request on a connection with 200 after `delay` (so a burst's
+    /// requests overlap), counting the connections it accepted.
+    async fn counting_server(delay: Duration) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    // One GET per read is enough for reqwest's requests (no body, small headers).
+                    while conn.read(&mut buf).await.is_ok_and(|n| n > 0) {
+                        tokio::time::sleep(delay).await;
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if conn.write_all(ok).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        (format!("http://{addr}/-/healthz"), accepted)
+    }
+
+    /// Dashboards behind one address: a burst of checks as large as the in-flight limit opens its connections
+    /// once; the next burst reuses them (with 2 idle kept, the second burst opened all 16 again).
+    #[tokio::test]
+    async fn a_second_burst_to_one_host_reuses_the_first_bursts_connections() {
+        let (template, accepted) = counting_server(Duration::from_millis(100)).await;
+        let kube = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
+        let route = Route::Template("http://127.0.0.1:9/{namespace}/{cluster}".into());
+        let dashboard = Dashboard::new(route, Duration::from_secs(5), 16, kube, metrics).unwrap();
+        let burst = || {
+            futures::future::join_all((0..16).map(|i| {
+                let (dashboard, template, pod) = (&dashboard, &template, format!("head-{i}"));
+                async move {
+                    let head = HeadProxy {
+                        namespace: "ns",
+                        cluster: "c",
+                        pod: &pod,
+                        pod_ip: "x",
+                        port: 8000,
+                    };
+                    dashboard.proxy_healthy(template, &head).await
+                }
+            }))
+        };
+        assert!(burst().await.into_iter().all(|healthy| healthy));
+        let first = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(first > 2, "the burst overlapped: {first} connections");
+        assert!(burst().await.into_iter().all(|healthy| healthy));
+        let second = accepted.load(std::sync::atomic::Ordering::SeqCst) - first;
+        assert_eq!(
+            second, 0,
+            "new connections in the second burst ({first} in the first)"
+        );
     }
 }
