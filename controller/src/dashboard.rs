@@ -492,7 +492,7 @@ mod tests {
     }
 
     /// Dashboards behind one address: a burst of checks as large as the in-flight limit opens its connections
-    /// once; the next burst reuses them (with 2 idle kept, the second burst opened all 16 again).
+    /// once; the next burst reuses them (with 2 idle kept, as before, it opened new ones).
     #[tokio::test]
     async fn a_second_burst_to_one_host_reuses_the_first_bursts_connections() {
         let (template, accepted) = counting_server(Duration::from_millis(100)).await;
