@@ -21,14 +21,28 @@ pub fn parse_stream(text: &str) -> Result<Vec<Value>> {
 }
 
 /// Why a document is not something rayshift can review.
-pub fn not_a_rayservice(doc: &Value) -> Option<String> {
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotARayService {
+    #[error("a {api_version} {kind}, not a ray.io/v1 RayService")]
+    OtherKind { api_version: String, kind: String },
+    #[error("not a Kubernetes object")]
+    NotAnObject,
+    #[error("missing apiVersion or kind; expected apiVersion ray.io/v1, kind RayService")]
+    MissingType,
+}
+
+/// Why a document is not something rayshift can review, if it is not.
+pub fn not_a_rayservice(doc: &Value) -> Option<NotARayService> {
     let api_version = doc.get("apiVersion").and_then(Value::as_str);
     let kind = doc.get("kind").and_then(Value::as_str);
     match (api_version, kind) {
         (Some("ray.io/v1"), Some("RayService")) => None,
-        (Some(v), Some(k)) => Some(format!("a {v} {k}, not a ray.io/v1 RayService")),
-        _ if !doc.is_object() => Some("not a Kubernetes object".to_string()),
-        _ => Some("missing apiVersion or kind; expected apiVersion ray.io/v1, kind RayService".to_string()),
+        (Some(v), Some(k)) => Some(NotARayService::OtherKind {
+            api_version: v.to_string(),
+            kind: k.to_string(),
+        }),
+        _ if !doc.is_object() => Some(NotARayService::NotAnObject),
+        _ => Some(NotARayService::MissingType),
     }
 }
 
@@ -59,7 +73,14 @@ mod tests {
         let rs = serde_json::json!({"apiVersion": "ray.io/v1", "kind": "RayService"});
         assert!(not_a_rayservice(&rs).is_none());
         let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap"});
-        assert!(not_a_rayservice(&cm).unwrap().contains("ConfigMap"));
-        assert!(not_a_rayservice(&serde_json::json!([1])).is_some());
+        assert!(not_a_rayservice(&cm).unwrap().to_string().contains("ConfigMap"));
+        assert_eq!(
+            not_a_rayservice(&serde_json::json!([1])),
+            Some(NotARayService::NotAnObject)
+        );
+        assert_eq!(
+            not_a_rayservice(&serde_json::json!({"kind": "RayService"})),
+            Some(NotARayService::MissingType)
+        );
     }
 }

@@ -19,7 +19,7 @@ use serde::{
 };
 use serde_json::{Value, value::RawValue};
 
-use crate::error::Error;
+use crate::error::{BadRequest, Error};
 
 /// Which webhook a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,8 +108,7 @@ struct TypeOnly {
 /// field of the wrong type, a stored object that no longer decodes, a body that is not a review) takes
 /// the step-by-step path, which names what is wrong.
 pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Value, Record), Error> {
-    let text = std::str::from_utf8(body)
-        .map_err(|e| Error::BadRequest(format!("request body is not valid JSON: not UTF-8 ({e})")))?;
+    let text = std::str::from_utf8(body).map_err(BadRequest::NotUtf8)?;
     match hook {
         Hook::Validate => match serde_json::from_str(text).ok().and_then(v1_request) {
             Some(req) => admit(
@@ -152,10 +151,13 @@ fn admit<O, S>(
     decide: impl FnOnce(AdmissionResponse, O, Option<S>, &mut Record) -> Result<AdmissionResponse, Error>,
 ) -> Result<(Value, Record), Error> {
     if (req.kind.group.as_str(), req.kind.kind.as_str()) != ("ray.io", "RayService") {
-        return Err(Error::BadRequest(format!(
-            "this webhook admits ray.io RayServices, got {}/{} {}",
-            req.kind.group, req.kind.version, req.kind.kind
-        )));
+        let kind = req.kind;
+        return Err(BadRequest::NotRayServices {
+            group: kind.group,
+            version: kind.version,
+            kind: kind.kind,
+        }
+        .into());
     }
     let mut record = Record {
         operation: operation_name(&req.operation),
@@ -168,10 +170,8 @@ fn admit<O, S>(
             decide(response, object, req.old_object, &mut record)?
         }
         (Operation::Create | Operation::Update, None) => {
-            return Err(Error::BadRequest(format!(
-                "{} request has no object",
-                record.operation
-            )));
+            let operation = record.operation;
+            return Err(BadRequest::NoObject { operation }.into());
         }
         // Deleting or connecting never breaks an upgrade rule.
         _ => response,
@@ -186,24 +186,26 @@ fn rejection(text: &str) -> Error {
     let envelope: ReviewIn<Box<RawValue>> = match serde_json::from_str(text) {
         Ok(e) => e,
         Err(e) if e.is_syntax() || e.is_eof() => {
-            return Error::BadRequest(format!("request body is not valid JSON: {e}"));
+            return BadRequest::NotJson(e).into();
         }
         Err(e) => {
-            return Error::BadRequest(format!("expected an {ADMISSION_V1} AdmissionReview object: {e}"));
+            return BadRequest::NotAReviewObject(e).into();
         }
     };
     let (api_version, kind) = (envelope.api_version.as_deref(), envelope.kind.as_deref());
     if !is_v1_review(api_version, kind) {
-        return Error::BadRequest(format!(
-            "expected an {ADMISSION_V1} AdmissionReview, got apiVersion {api_version:?} kind {kind:?}"
-        ));
+        return BadRequest::NotAV1Review {
+            api_version: api_version.map(str::to_string),
+            kind: kind.map(str::to_string),
+        }
+        .into();
     }
     let Some(raw) = envelope.request.filter(|r| r.get().trim_start().starts_with('{')) else {
-        return Error::BadRequest("AdmissionReview has no request".into());
+        return BadRequest::NoRequest.into();
     };
     match serde_json::from_str::<RawRequest>(raw.get()) {
-        Err(e) => Error::BadRequest(format!("AdmissionReview request is malformed: {e}")),
-        Ok(_) => Error::BadRequest("AdmissionReview request is malformed".into()),
+        Err(e) => BadRequest::MalformedRequest(e).into(),
+        Ok(_) => BadRequest::MalformedReview.into(),
     }
 }
 
@@ -227,8 +229,7 @@ fn operation_name(op: &Operation) -> &'static str {
 
 /// The rare path: an object that did not decode as a RayService is first checked for its type.
 fn check_object_kind(object: &RawValue) -> Result<(), Error> {
-    let t: TypeOnly = serde_json::from_str(object.get())
-        .map_err(|e| Error::BadRequest(format!("request object is not a Kubernetes object: {e}")))?;
+    let t: TypeOnly = serde_json::from_str(object.get()).map_err(BadRequest::ObjectNotKubernetes)?;
     check_type(t.api_version.as_deref(), t.kind.as_deref())
 }
 
@@ -236,7 +237,7 @@ fn check_type(api_version: Option<&str>, kind: Option<&str>) -> Result<(), Error
     let typed = serde_json::json!({"apiVersion": api_version, "kind": kind});
     match rayshift_api::documents::not_a_rayservice(&typed) {
         None => Ok(()),
-        Some(why) => Err(Error::BadRequest(format!("request object is {why}"))),
+        Some(why) => Err(BadRequest::ObjectNotARayService(why).into()),
     }
 }
 
@@ -350,23 +351,20 @@ fn mutate(
 ) -> Result<AdmissionResponse, Error> {
     // Defaulting works on the raw tree so the patch touches only what it adds.
     if let Some(why) = rayshift_api::documents::not_a_rayservice(&object) {
-        return Err(Error::BadRequest(format!("request object is {why}")));
+        return Err(BadRequest::ObjectNotARayService(why).into());
     }
     let patch = defaulting::default_patch(&object, &config.defaults);
     if patch.0.is_empty() {
         return Ok(response);
     }
     record.patched = true;
-    response
-        .with_patch(patch)
-        .map_err(|e| Error::Internal(format!("cannot encode patch: {e}")))
+    response.with_patch(patch).map_err(Error::EncodePatch)
 }
 
 /// Serializes the review; the patch goes out base64-encoded, as Go's `[]byte` is on the wire.
 fn encode(response: AdmissionResponse) -> Result<Value, Error> {
     let patch = response.patch.clone();
-    let mut review = serde_json::to_value(response.into_review())
-        .map_err(|e| Error::Internal(format!("cannot encode AdmissionReview: {e}")))?;
+    let mut review = serde_json::to_value(response.into_review()).map_err(Error::EncodeReview)?;
     review["apiVersion"] = Value::from(ADMISSION_V1);
     review["kind"] = Value::from("AdmissionReview");
     if let Some(bytes) = patch {

@@ -27,7 +27,7 @@ use rcgen::{
 };
 
 use crate::{
-    error::{Error, Result},
+    error::{CertError, Error, Result},
     server::{MUTATE_PATH, VALIDATE_PATH},
 };
 
@@ -71,8 +71,8 @@ pub struct GeneratedFiles {
     pub tls_key: PathBuf,
 }
 
-fn cert_error(e: impl std::fmt::Display) -> Error {
-    Error::Certs(e.to_string())
+fn cert_error(e: impl Into<CertError>) -> Error {
+    Error::Certs(e.into())
 }
 
 fn validity(params: &mut CertificateParams, days: i64) {
@@ -106,7 +106,12 @@ fn ca_params() -> CertificateParams {
 
 /// Writes a CA (unless `reuse_ca` and one exists in `out`) and a serving certificate signed by it.
 pub fn generate(req: &ServingCertRequest, out: &Path, reuse_ca: bool) -> Result<GeneratedFiles> {
-    fs::create_dir_all(out).map_err(|e| Error::Certs(format!("cannot create {}: {e}", out.display())))?;
+    fs::create_dir_all(out).map_err(|source| {
+        cert_error(CertError::CreateDir {
+            path: out.to_path_buf(),
+            source,
+        })
+    })?;
     let files = GeneratedFiles {
         ca_cert: out.join(CA_CERT),
         ca_key: out.join(CA_KEY),
@@ -149,12 +154,22 @@ pub fn generate(req: &ServingCertRequest, out: &Path, reuse_ca: bool) -> Result<
 }
 
 fn read(path: &Path) -> Result<String> {
-    fs::read_to_string(path).map_err(|e| Error::Certs(format!("cannot read {}: {e}", path.display())))
+    fs::read_to_string(path).map_err(|source| {
+        cert_error(CertError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
+    })
 }
 
 /// Writes atomically (temp file + rename), so a server reloading the directory never sees half a file.
 fn write(path: &Path, bytes: &[u8], secret: bool) -> Result<()> {
-    let err = |e: std::io::Error| Error::Certs(format!("cannot write {}: {e}", path.display()));
+    let err = |source: std::io::Error| {
+        cert_error(CertError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
     let tmp = path.with_extension("tmp");
     let mut opts = fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);

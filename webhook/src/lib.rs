@@ -56,7 +56,7 @@ impl Webhook {
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr> {
-        self.listener.local_addr().map_err(|e| Error::Io(e.to_string()))
+        self.listener.local_addr().map_err(Error::LocalAddr)
     }
 
     /// Readiness: a serving certificate is loaded.

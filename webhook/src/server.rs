@@ -151,7 +151,8 @@ fn answer(s: &AppState, hook: Hook, body: Result<Bytes, BytesRejection>) -> Resp
             );
             axum::Json(review).into_response()
         }
-        Err(Error::BadRequest(message)) => {
+        Err(Error::BadRequest(why)) => {
+            let message = why.to_string();
             s.metrics.bad_request(400);
             tracing::info!(webhook = hook.as_str(), %message, "bad admission request");
             plain(StatusCode::BAD_REQUEST, message)
@@ -280,12 +281,12 @@ pub async fn serve_admin(
             let _ = shutdown.changed().await;
         })
         .await
-        .map_err(|e| Error::Io(format!("admin server: {e}")))
+        .map_err(Error::AdminServer)
 }
 
 /// Binds a TCP listener with a clear error.
-pub async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, Error> {
+pub async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, Error> {
     TcpListener::bind(addr)
         .await
-        .map_err(|e| Error::Io(format!("cannot listen on {addr} for {what}: {e}")))
+        .map_err(|source| Error::Listen { addr, what, source })
 }

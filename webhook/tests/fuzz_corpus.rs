@@ -41,7 +41,7 @@ fn every_corpus_input_gets_an_answer_or_a_client_error() {
                 }
                 Err(e) => {
                     assert!(
-                        matches!(e, Error::BadRequest(ref m) if !m.is_empty()),
+                        matches!(e, Error::BadRequest(ref why) if !why.to_string().is_empty()),
                         "{name}: {e}"
                     );
                     refused += 1;

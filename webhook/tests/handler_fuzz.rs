@@ -88,7 +88,7 @@ proptest! {
         for hook in [Hook::Validate, Hook::Mutate] {
             match admission::review(hook, &bytes, &config()) {
                 Ok((resp, _)) => prop_assert_eq!(&resp["response"]["uid"], "u"),
-                Err(rayshift_webhook::Error::BadRequest(m)) => prop_assert!(!m.is_empty()),
+                Err(rayshift_webhook::Error::BadRequest(why)) => prop_assert!(!why.to_string().is_empty()),
                 Err(e) => prop_assert!(false, "unexpected error {e}"),
             }
         }
