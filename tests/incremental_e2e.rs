@@ -143,9 +143,23 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
     // Exact pacing: each step lands within interval + 100 ms of the previous one.
     let gaps: Vec<Duration> = raises.windows(2).map(|w| w[1].0 - w[0].0).collect();
     let worst = gaps.iter().max().unwrap();
-    let lateness = worst.saturating_sub(Duration::from_secs(1));
+    // A step the watch delivered late makes the next gap short by as much (the next step is paced from when
+    // traffic really moved, and the planner never steps early, asserted below): that much of a gap is the
+    // observer's delay, not the step's (CI saw 1.100 s then 0.884 s under load).
+    let one_s = Duration::from_secs(1);
+    let next_short = gaps
+        .iter()
+        .skip(1)
+        .map(|g| one_s.saturating_sub(*g))
+        .chain([Duration::ZERO]);
+    let lateness = gaps
+        .iter()
+        .zip(next_short)
+        .map(|(g, delay)| g.saturating_sub(one_s).saturating_sub(delay))
+        .max()
+        .unwrap();
     println!(
-        "pacing: {} steps, worst gap {worst:?}, worst lateness {lateness:?}",
+        "pacing: {} steps, worst gap {worst:?}, worst lateness {lateness:?} (less observer delay)",
         gaps.len() + 1
     );
     // Watch events reach the observer with a little jitter, so a step seen late makes the next gap look short
