@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::{
-    error::{Error, Result},
+    error::{DefaultsError, Result},
     rayservice::{DEFAULT_MAX_SURGE_PERCENT, UpgradeType},
 };
 
@@ -47,25 +47,21 @@ impl OperatorConfig {
 impl UpgradeDefaults {
     /// Operator defaults must themselves be admissible, or every RayService relying on them is denied.
     pub fn check(&self) -> Result<()> {
-        let pct = |name: &str, v: Option<i32>| match v {
-            Some(x) if !(1..=100).contains(&x) => Err(Error::Defaults(format!(
-                "{name} must be between 1 and 100, got {x}"
-            ))),
+        let pct = |field: &'static str, v: Option<i32>| match v {
+            Some(value) if !(1..=100).contains(&value) => {
+                Err(DefaultsError::PercentOutOfRange { field, value })
+            }
             _ => Ok(()),
         };
         pct("maxSurgePercent", self.max_surge_percent)?;
         pct("stepSizePercent", self.step_size_percent)?;
         if let Some(i) = self.interval_seconds.filter(|i| *i <= 0) {
-            return Err(Error::Defaults(format!(
-                "intervalSeconds must be greater than 0, got {i}"
-            )));
+            return Err(DefaultsError::IntervalNotPositive(i).into());
         }
         if let (Some(step), Some(surge)) = (self.step_size_percent, self.max_surge_percent)
             && step > surge
         {
-            return Err(Error::Defaults(
-                "stepSizePercent must be <= maxSurgePercent".into(),
-            ));
+            return Err(DefaultsError::StepAboveSurge.into());
         }
         Ok(())
     }

@@ -9,10 +9,7 @@ use crate::error::{Error, Result};
 pub fn parse_stream(text: &str) -> Result<Vec<Value>> {
     let mut docs = Vec::new();
     for (index, de) in yaml_serde::Deserializer::from_str(text).enumerate() {
-        let value = Value::deserialize(de).map_err(|e| Error::Document {
-            index,
-            message: e.to_string(),
-        })?;
+        let value = Value::deserialize(de).map_err(|source| Error::Document { index, source })?;
         if !value.is_null() {
             docs.push(value);
         }

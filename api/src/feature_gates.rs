@@ -6,7 +6,7 @@ use std::{
     str::FromStr,
 };
 
-use crate::error::Error;
+use crate::error::{Error, FeatureGateError};
 
 /// Gates rayshift understands, with their defaults. The incremental-upgrade gate is off by default, as in
 /// KubeRay v1.5.1 where the feature was alpha.
@@ -60,9 +60,7 @@ impl FromStr for KubeRayVersion {
             Some("5") => Ok(Self::V1_5),
             Some("6") => Ok(Self::V1_6),
             Some("7") => Ok(Self::V1_7),
-            _ => Err(Error::FeatureGates(format!(
-                "unsupported KubeRay version {s}: use 1.5, 1.6 or 1.7"
-            ))),
+            _ => Err(FeatureGateError::KubeRayVersion(s.to_string()).into()),
         }
     }
 }
@@ -91,7 +89,7 @@ impl FeatureGates {
         let (name, _) = KNOWN_GATES
             .iter()
             .find(|(n, _)| *n == gate)
-            .ok_or_else(|| Error::FeatureGates(format!("unrecognized feature gate: {gate}")))?;
+            .ok_or_else(|| FeatureGateError::Unrecognized(gate.to_string()))?;
         self.enabled.insert(name, on);
         self.explicit.insert(name);
         Ok(())
@@ -121,14 +119,13 @@ impl FromStr for FeatureGates {
         for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (name, value) = pair
                 .split_once('=')
-                .ok_or_else(|| Error::FeatureGates(format!("missing bool value for {pair}")))?;
+                .ok_or_else(|| FeatureGateError::MissingValue(pair.to_string()))?;
             let on = match value.trim().to_ascii_lowercase().as_str() {
                 "true" => true,
                 "false" => false,
                 other => {
-                    return Err(Error::FeatureGates(format!(
-                        "invalid value of {name}: {other}, err: not a bool"
-                    )));
+                    let (name, value) = (name.to_string(), other.to_string());
+                    return Err(FeatureGateError::NotABool { name, value }.into());
                 }
             };
             gates.set(name.trim(), on)?;

@@ -181,14 +181,12 @@ impl ControllerArgs {
     async fn client(&self) -> Result<Client, CliError> {
         let config = match &self.kubeconfig {
             Some(path) => {
-                let kc = Kubeconfig::read_from(path).map_err(|e| CliError::Kube(e.to_string()))?;
-                Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                    .await
-                    .map_err(|e| CliError::Kube(e.to_string()))?
+                let kc = Kubeconfig::read_from(path)?;
+                Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
             }
-            None => Config::infer().await.map_err(|e| CliError::Kube(e.to_string()))?,
+            None => Config::infer().await?,
         };
-        Client::try_from(config).map_err(|e| CliError::Kube(e.to_string()))
+        Client::try_from(config).map_err(CliError::Client)
     }
 }
 

@@ -70,8 +70,25 @@ pub enum Output {
 pub enum CliError {
     #[error("{path}: {source}")]
     Read { path: String, source: std::io::Error },
-    #[error("{path}: {message}")]
-    Document { path: String, message: String },
+    #[error("{path}: {source}")]
+    Unparsable {
+        path: String,
+        source: rayshift_api::Error,
+    },
+    #[error("{path}: document {index} is {why}")]
+    NotARayService {
+        path: String,
+        index: usize,
+        why: rayshift_api::documents::NotARayService,
+    },
+    #[error("{path}: no RayService in file")]
+    NoRayService { path: String },
+    /// The violated rule names its field path.
+    #[error("{path}: {rule}")]
+    Undecodable {
+        path: String,
+        rule: Box<rayshift_api::validation::FieldError>,
+    },
     #[error(transparent)]
     Api(#[from] rayshift_api::Error),
     #[error("JSON output: {0}")]
@@ -81,7 +98,11 @@ pub enum CliError {
     #[error(transparent)]
     Controller(#[from] rayshift_controller::Error),
     #[error("Kubernetes client: {0}")]
-    Kube(String),
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("Kubernetes client: {0}")]
+    InferConfig(#[from] kube::config::InferConfigError),
+    #[error("Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
     #[error("Kubernetes API: {0}")]
     KubeApi(#[from] kube::Error),
     #[error("watching: {0}")]
@@ -97,14 +118,19 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Read { .. }
-            | CliError::Document { .. }
+            | CliError::Unparsable { .. }
+            | CliError::NotARayService { .. }
+            | CliError::NoRayService { .. }
+            | CliError::Undecodable { .. }
             | CliError::Api(_)
             | CliError::Json(_)
             | CliError::Yaml(_)
             | CliError::Controller(rayshift_controller::Error::LeaseTiming(_)) => EXIT_UNREADABLE,
             CliError::Webhook(_)
             | CliError::Controller(_)
-            | CliError::Kube(_)
+            | CliError::Kubeconfig(_)
+            | CliError::InferConfig(_)
+            | CliError::Client(_)
             | CliError::KubeApi(_)
             | CliError::Watch(_)
             | CliError::Runtime(_) => EXIT_RUNTIME,
@@ -272,15 +298,16 @@ fn rayservice_documents(files: &[PathBuf]) -> Result<Vec<Value>, CliError> {
     for path in files {
         let text = read(path)?;
         let shown = path.display().to_string();
-        let docs = documents::parse_stream(&text).map_err(|e| CliError::Document {
+        let docs = documents::parse_stream(&text).map_err(|source| CliError::Unparsable {
             path: shown.clone(),
-            message: e.to_string(),
+            source,
         })?;
-        for (i, doc) in docs.into_iter().enumerate() {
+        for (index, doc) in docs.into_iter().enumerate() {
             if let Some(why) = documents::not_a_rayservice(&doc) {
-                return Err(CliError::Document {
+                return Err(CliError::NotARayService {
                     path: shown,
-                    message: format!("document {i} is {why}"),
+                    index,
+                    why,
                 });
             }
             out.push(doc);

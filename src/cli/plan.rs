@@ -47,16 +47,14 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         );
     }
     let Some(mut doc) = docs.drain(..).next() else {
-        return Err(CliError::Document {
-            path: args.file.display().to_string(),
-            message: "no RayService in file".into(),
-        });
+        let path = args.file.display().to_string();
+        return Err(CliError::NoRayService { path });
     };
     let (name, _) = documents::display_name(&doc);
     defaulting::apply_defaults(&mut doc, &defaults);
-    let rs = validation::decode(&doc).map_err(|e| CliError::Document {
+    let rs = validation::decode(&doc).map_err(|rule| CliError::Undecodable {
         path: args.file.display().to_string(),
-        message: e.to_string(),
+        rule: Box::new(rule),
     })?;
     let kind = rs.spec.upgrade_type();
     if kind != Some(UpgradeType::NewClusterWithIncrementalUpgrade) {

@@ -158,12 +158,11 @@ impl Target {
         };
         let config = match &self.kubeconfig {
             Some(path) => {
-                let kc = Kubeconfig::read_from(path).map_err(|e| CliError::Kube(e.to_string()))?;
+                let kc = Kubeconfig::read_from(path)?;
                 Config::from_custom_kubeconfig(kc, &options).await
             }
             None => Config::from_kubeconfig(&options).await,
-        }
-        .map_err(|e| CliError::Kube(e.to_string()))?;
+        }?;
         let ns = self
             .namespace
             .clone()
