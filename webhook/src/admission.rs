@@ -66,7 +66,7 @@ pub struct Record {
     pub dry_run: bool,
 }
 
-const ADMISSION_V1: &str = "admission.k8s.io/v1";
+pub(crate) const ADMISSION_V1: &str = "admission.k8s.io/v1";
 
 /// An AdmissionReview; its request is a [`RequestIn`] with the objects decoded as the path needs them.
 #[derive(Deserialize)]

@@ -5,6 +5,8 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use rayshift_api::documents::NotARayService;
 
+use crate::admission::ADMISSION_V1;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The body is not a RayService AdmissionReview: answered with HTTP 400.
@@ -39,9 +41,9 @@ pub enum BadRequest {
     NotUtf8(#[source] std::str::Utf8Error),
     #[error("request body is not valid JSON: {0}")]
     NotJson(#[source] serde_json::Error),
-    #[error("expected an admission.k8s.io/v1 AdmissionReview object: {0}")]
+    #[error("expected an {ADMISSION_V1} AdmissionReview object: {0}")]
     NotAReviewObject(#[source] serde_json::Error),
-    #[error("expected an admission.k8s.io/v1 AdmissionReview, got apiVersion {api_version:?} kind {kind:?}")]
+    #[error("expected an {ADMISSION_V1} AdmissionReview, got apiVersion {api_version:?} kind {kind:?}")]
     NotAV1Review {
         api_version: Option<String>,
         kind: Option<String>,
