@@ -132,8 +132,6 @@ pub struct Context {
     pub(crate) health: Arc<HealthTimer>,
     /// Evaluates SLO checks; `None` without `--prometheus-url` (checks then never pass).
     pub(crate) prometheus: Option<crate::slo::Prometheus>,
-    /// `--concurrency`: the passes that may work at once.
-    pub(crate) slots: crate::slots::Slots,
 }
 
 /// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
@@ -248,7 +246,6 @@ impl Context {
         metrics: Metrics,
         health: Arc<HealthTimer>,
     ) -> Self {
-        let slots = crate::slots::Slots::new(options.concurrency);
         Self {
             events: EventLog::new(client.clone(), "rayshift", std::env::var("POD_NAME").ok()),
             client,
@@ -265,7 +262,6 @@ impl Context {
             caches: None,
             health,
             prometheus: None,
-            slots,
         }
     }
 

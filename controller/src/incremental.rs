@@ -87,8 +87,6 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
         .step_due
         .filter(|due| due.duration_since(Timestamp::now()) <= STEP_LEAD)
     {
-        // Only waiting and the step's writes are left: another pass may use the slot meanwhile.
-        crate::slots::give_back();
         let left = due.duration_since(Timestamp::now());
         if left.is_positive() {
             tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64())).await;

@@ -13,7 +13,6 @@ pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod slo;
-pub mod slots;
 
 use std::{sync::Arc, time::Duration};
 
@@ -294,9 +293,7 @@ async fn run_controller(
     let rayservice_stream =
         reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
     let mut controller = Controller::for_stream(rayservice_stream, rayservices)
-        // Unbounded here: the passes take rayshift's own slots (`Context::slots`), which a pass waiting for a
-        // step's due instant gives back.
-        .with_config(controller::Config::default().concurrency(0))
+        .with_config(controller::Config::default().concurrency(config.options.concurrency))
         .trigger_backoff(NoPause)
         .reconcile_on(unsettled)
         .owns_stream(cluster_stream)
@@ -322,11 +319,8 @@ async fn run_controller(
             controller = controller.owns_stream(cached(&client, ns, any(), grpc_route_writer));
         }
     }
-    let stopping = ctx.clone();
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
-        // Passes still waiting for a slot end at once instead of running one by one before the stop.
-        stopping.slots.close();
     };
     controller
         .watches_stream(head_stream, move |pod| owner_of_pod(&clusters, &pod))

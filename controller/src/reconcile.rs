@@ -58,22 +58,17 @@ struct Seen {
 const PASS_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile_timer();
     // Every log line of the pass names its RayService.
     let span = tracing::info_span!(
         "reconcile",
         rayservice = %cached.name_any(),
         namespace = %cached.namespace().unwrap_or_default()
     );
-    // Timed from when it has a slot. Boxed: a pass waiting for a slot holds only a pointer to its state.
-    let timed = async {
-        let _timer = ctx.metrics.reconcile_timer();
-        tokio::time::timeout(PASS_TIMEOUT, Box::pin(pass(&cached, &ctx)))
-            .await
-            .unwrap_or(Err(Error::PassTimedOut(PASS_TIMEOUT)))
-    };
-    let Some(result) = ctx.slots.run(tracing::Instrument::instrument(timed, span)).await else {
-        return Ok(Action::await_change());
-    };
+    let pass = tracing::Instrument::instrument(pass(&cached, &ctx), span);
+    let result = tokio::time::timeout(PASS_TIMEOUT, pass)
+        .await
+        .unwrap_or(Err(Error::PassTimedOut(PASS_TIMEOUT)));
     // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
         ctx.metrics
