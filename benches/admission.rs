@@ -37,6 +37,9 @@ fn main() {
         return;
     }
     let body = serde_json::to_vec(&review()).unwrap();
+    let same = std::slice::from_ref(&body);
+    // A config the webhook has not parsed before in every request: the memo of parsed texts never helps.
+    let fresh = new_configs(1024);
     if let Some(i) = args.iter().position(|a| a == "--review-loop") {
         // For `valgrind --tool=callgrind`: nothing but the in-process review, N times.
         review_loop(&body, args[i + 1].parse().unwrap());
@@ -59,9 +62,11 @@ fn main() {
     );
 
     println!(
-        "in-process CPU per review (one thread, no TLS or HTTP): validate {:.1} µs, mutate {:.1} µs",
-        cpu_per_review(&body, Hook::Validate),
-        cpu_per_review(&body, Hook::Mutate)
+        "in-process CPU per review (one thread, no TLS or HTTP): validate {:.1} µs (a new serveConfigV2 each \
+         time: {:.1} µs), mutate {:.1} µs",
+        cpu_per_review(same, Hook::Validate),
+        cpu_per_review(&fresh, Hook::Validate),
+        cpu_per_review(same, Hook::Mutate)
     );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -69,55 +74,111 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut results = Vec::new();
-    for which in [Server::Webhook, Server::Noop] {
-        let mut child = which.spawn(dir.path());
-        let addr = child.1;
-        wait_up(addr);
-        let ca = std::fs::read(dir.path().join("ca.crt")).unwrap();
-        let url = format!("https://127.0.0.1:{}{}", addr.port(), server::VALIDATE_PATH);
-        let pid = child.0.id();
-        let r = runtime.block_on(async {
-            load(&url, &ca, &body, 1, Duration::from_secs(1), None).await; // warm-up
-            let latency = load(&url, &ca, &body, 1, Duration::from_secs(seconds), None).await;
-            let cpu = cpu_ns(pid);
-            let mut throughput =
-                load(&url, &ca, &body, connections, Duration::from_secs(seconds), None).await;
-            throughput.server_cpu = Duration::from_nanos(cpu_ns(pid) - cpu);
-            (latency, throughput)
-        });
-        if which == Server::Webhook {
-            let rotation = runtime.block_on(rotate_under_load(
-                &req,
-                dir.path(),
-                &url,
-                &body,
-                child.2,
-                connections,
-                seconds,
-            ));
-            rotation.report(rss_kib(pid));
+    let ca = std::fs::read(dir.path().join("ca.crt")).unwrap();
+    let mut servers: Vec<Started> = [Server::Webhook, Server::Noop]
+        .into_iter()
+        .map(|which| Started::new(which, dir.path()))
+        .collect();
+    let phase = Duration::from_secs(seconds);
+    runtime.block_on(async {
+        for s in &mut servers {
+            load(&s.url, &ca, same, 1, Duration::from_secs(1), None).await; // warm-up
+            s.latency = load(&s.url, &ca, same, 1, phase, None).await;
         }
-        let rss = rss_kib(pid);
-        let _ = child.0.kill();
-        let _ = child.0.wait();
-        results.push((which, r.0, r.1, rss));
+        // Interleaved, so that both servers see the machine as it is in each round.
+        let round = phase / 2;
+        for _ in 0..ROUNDS {
+            for (i, bodies) in [(0, same), (1, same), (0, &fresh[..])] {
+                let s = &mut servers[i];
+                let run = s.measured(&ca, bodies, connections, round).await;
+                if bodies.len() == 1 {
+                    s.throughput.push(run);
+                } else {
+                    s.new_configs.push(run);
+                }
+            }
+        }
+    });
+    let webhook = &servers[0];
+    let rotation = runtime.block_on(rotate_under_load(
+        &req,
+        dir.path(),
+        &webhook.url,
+        same,
+        webhook.metrics,
+        connections,
+        seconds,
+    ));
+    rotation.report(rss_kib(webhook.child.id()));
+    for s in &mut servers {
+        s.rss = rss_kib(s.child.id());
+        let _ = s.child.kill();
+        let _ = s.child.wait();
     }
-    report(&results, connections);
+    report(&servers, connections);
+}
+
+/// Throughput rounds per server: each round is half a phase, webhook and no-op in turn.
+const ROUNDS: usize = 3;
+
+/// A server under test and what was measured of it.
+struct Started {
+    which: Server,
+    child: Child,
+    url: String,
+    metrics: SocketAddr,
+    latency: Run,
+    throughput: Vec<Run>,
+    /// The webhook with a new serveConfigV2 in every request.
+    new_configs: Vec<Run>,
+    rss: (u64, u64),
+}
+
+impl Started {
+    fn new(which: Server, dir: &Path) -> Self {
+        let (child, addr, metrics) = which.spawn(dir);
+        wait_up(addr);
+        Self {
+            which,
+            child,
+            url: format!("https://127.0.0.1:{}{}", addr.port(), server::VALIDATE_PATH),
+            metrics,
+            latency: Run::default(),
+            throughput: Vec::new(),
+            new_configs: Vec::new(),
+            rss: (0, 0),
+        }
+    }
+
+    /// A load run with the server's CPU over it.
+    async fn measured(&self, ca: &[u8], bodies: &[Vec<u8>], connections: usize, time: Duration) -> Run {
+        let cpu = cpu_ns(self.child.id());
+        let mut run = load(&self.url, ca, bodies, connections, time, None).await;
+        run.server_cpu = Duration::from_nanos(cpu_ns(self.child.id()) - cpu);
+        run
+    }
+}
+
+/// What `rayshift webhook` runs with: the incremental gate on, parsed serveConfigV2 texts kept.
+fn webhook_config() -> AdmissionConfig {
+    let mut config = AdmissionConfig::incremental();
+    config.validation.serve_configs = rayshift_api::validation::ServeConfigMemo::with_capacity(256);
+    config
 }
 
 fn review_loop(body: &[u8], n: usize) {
-    let config = AdmissionConfig::incremental();
+    let config = webhook_config();
     for _ in 0..n {
         std::hint::black_box(admission::review(Hook::Validate, body, &config).unwrap());
     }
 }
 
-/// Mean wall time of one in-process review over 2 s (the thread does nothing else).
-fn cpu_per_review(body: &[u8], hook: Hook) -> f64 {
-    let config = AdmissionConfig::incremental();
+/// Mean wall time of one in-process review over 2 s (the thread does nothing else), the bodies in turn.
+fn cpu_per_review(bodies: &[Vec<u8>], hook: Hook) -> f64 {
+    let config = webhook_config();
     let (started, mut n) = (Instant::now(), 0u32);
     while started.elapsed() < Duration::from_secs(2) {
+        let body = &bodies[n as usize % bodies.len()];
         std::hint::black_box(admission::review(hook, body, &config).unwrap());
         n += 1;
     }
@@ -223,6 +284,7 @@ fn noop_server(addr: &str, dir: &str) {
         });
 }
 
+#[derive(Default)]
 struct Run {
     latencies: Vec<Duration>,
     elapsed: Duration,
@@ -263,19 +325,20 @@ fn client(ca: &[u8]) -> reqwest::Client {
 
 /// `connections` keep-alive connections sending `body` for `duration`; with `reconnect_every`, each
 /// opens a new connection (a new TLS handshake) after that many requests.
+/// Each connection sends the bodies in turn (connection i starts at the i-th).
 async fn load(
     url: &str,
     ca: &[u8],
-    body: &[u8],
+    bodies: &[Vec<u8>],
     connections: usize,
     duration: Duration,
     reconnect_every: Option<usize>,
 ) -> Run {
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..connections {
+    for task in 0..connections {
         let ca = ca.to_vec();
-        let (url, body) = (url.to_string(), body.to_vec());
+        let (url, bodies) = (url.to_string(), bodies.to_vec());
         tasks.push(tokio::spawn(async move {
             let mut client = client(&ca);
             let mut lat = Vec::new();
@@ -284,6 +347,7 @@ async fn load(
                 if reconnect_every.is_some_and(|n| (lat.len() + errors + 1) % n == 0) {
                     client = self::client(&ca);
                 }
+                let body = &bodies[(task + (lat.len() + errors) * connections) % bodies.len()];
                 let t = Instant::now();
                 match client
                     .post(&url)
@@ -324,7 +388,7 @@ async fn rotate_under_load(
     req: &ServingCertRequest,
     dir: &Path,
     url: &str,
-    body: &[u8],
+    body: &[Vec<u8>],
     metrics: SocketAddr,
     connections: usize,
     seconds: u64,
@@ -433,19 +497,51 @@ fn rss_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-fn report(results: &[(Server, Run, Run, (u64, u64))], connections: usize) {
+/// The rounds' runs as one.
+fn merged(runs: &[Run]) -> Run {
+    let mut all = Run::default();
+    for r in runs {
+        all.latencies.extend_from_slice(&r.latencies);
+        all.elapsed += r.elapsed;
+        all.errors += r.errors;
+        all.server_cpu += r.server_cpu;
+    }
+    all.latencies.sort();
+    all
+}
+
+/// Each round's webhook figure over the no-op's of the same round, in order, and their median.
+fn round_ratios(webhook: &[Run], noop: &[Run], figure: fn(&Run) -> f64) -> (Vec<f64>, f64) {
+    let ratios: Vec<f64> = webhook
+        .iter()
+        .zip(noop)
+        .map(|(w, n)| figure(w) / figure(n))
+        .collect();
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    (ratios, sorted[sorted.len() / 2])
+}
+
+fn report(servers: &[Started], connections: usize) {
     println!();
     println!(
         "| server | p50 ms (1 conn) | p99 ms (1 conn) | req/s (1 conn) | p50 ms ({connections} conns) | p99 ms ({connections} conns) | req/s ({connections} conns) | server CPU µs/request ({connections} conns) | errors | RSS MiB (peak) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (which, lat, thr, (rss, hwm)) in results {
+    let (webhook, noop) = (&servers[0], &servers[1]);
+    let rows = [
+        ("rayshift webhook", webhook, &webhook.throughput),
+        (
+            "rayshift webhook, a new serveConfigV2 each request",
+            webhook,
+            &webhook.new_configs,
+        ),
+        ("no-op axum+rustls", noop, &noop.throughput),
+    ];
+    for (name, s, runs) in rows {
+        let (lat, thr, (rss, hwm)) = (&s.latency, merged(runs), s.rss);
         println!(
-            "| {} | {:.3} | {:.3} | {:.0} | {:.3} | {:.3} | {:.0} | {:.1} | {} | {:.1} ({:.1}) |",
-            match which {
-                Server::Webhook => "rayshift webhook",
-                Server::Noop => "no-op axum+rustls",
-            },
+            "| {name} | {:.3} | {:.3} | {:.0} | {:.3} | {:.3} | {:.0} | {:.1} | {} | {:.1} ({:.1}) |",
             pct(&lat.latencies, 0.5),
             pct(&lat.latencies, 0.99),
             lat.rate(),
@@ -454,21 +550,48 @@ fn report(results: &[(Server, Run, Run, (u64, u64))], connections: usize) {
             thr.rate(),
             thr.cpu_per_request_us(),
             lat.errors + thr.errors,
-            *rss as f64 / 1024.0,
-            *hwm as f64 / 1024.0,
+            rss as f64 / 1024.0,
+            hwm as f64 / 1024.0,
         );
     }
-    let (w, n) = (&results[0], &results[1]);
+    assert_eq!(webhook.which, Server::Webhook);
     println!();
+    for (what, runs) in [
+        ("same config", &webhook.throughput),
+        ("a new config each request", &webhook.new_configs),
+    ] {
+        let (rates, rate) = round_ratios(runs, &noop.throughput, Run::rate);
+        let (cpus, cpu) = round_ratios(runs, &noop.throughput, Run::cpu_per_request_us);
+        let list = |v: &[f64]| v.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
+        println!(
+            "webhook/no-op, {what}, {connections} conns, {ROUNDS} interleaved rounds: throughput {} (median \
+             {rate:.2}); server CPU per request {} (median {cpu:.2})",
+            list(&rates),
+            list(&cpus),
+        );
+    }
     println!(
-        "throughput ratio webhook/no-op: {:.2} (1 conn), {:.2} ({connections} conns); server CPU per request \
-         webhook/no-op: {:.2}; p99 webhook {:.3} ms (1 conn), {:.3} ms ({connections} conns)",
-        w.1.rate() / n.1.rate(),
-        w.2.rate() / n.2.rate(),
-        w.2.cpu_per_request_us() / n.2.cpu_per_request_us(),
-        pct(&w.1.latencies, 0.99),
-        pct(&w.2.latencies, 0.99),
+        "throughput ratio, 1 conn: {:.2}; p99 webhook {:.3} ms (1 conn), {:.3} ms ({connections} conns)",
+        webhook.latency.rate() / noop.latency.rate(),
+        pct(&webhook.latency.latencies, 0.99),
+        pct(&merged(&webhook.throughput).latencies, 0.99),
     );
+}
+
+/// `n` reviews that each change serveConfigV2 (a comment naming the revision heads the text).
+fn new_configs(n: usize) -> Vec<Vec<u8>> {
+    let review = review();
+    let text = review["request"]["object"]["spec"]["serveConfigV2"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (0..n)
+        .map(|i| {
+            let mut r = review.clone();
+            r["request"]["object"]["spec"]["serveConfigV2"] = Value::from(format!("# revision {i}\n{text}"));
+            serde_json::to_vec(&r).unwrap()
+        })
+        .collect()
 }
 
 /// A realistic ~10 KB AdmissionReview: the incremental sample with kubectl's last-applied annotation.

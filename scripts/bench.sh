@@ -55,6 +55,8 @@ if [ "$what" = all ] || [ "$what" = scale ]; then
       RAYSHIFT_SCALE_SETTLE_SECONDS=${RAYSHIFT_SCALE_SETTLE_SECONDS:-60} RAYSHIFT_SCALE_REPORT=$report \
       RAYSHIFT_SCALE_UPGRADE_REPORT=$upgrades cargo test --release --locked --test scale_e2e -- --nocapture || true
   done
+  step "50 HTTPRoute writes at once on an idle apiserver (what bounds 50 traffic steps due at one instant)"
+  cargo test --release --locked --test scale_e2e fifty_route_writes_at_once -- --ignored --nocapture
   echo
   echo "| RayServices | namespaces | s to all Ready | API writes per RayService to Ready | RSS MiB at Ready | RSS MiB settled (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per 10 s |"
   echo "|---|---|---|---|---|---|---|---|---|"

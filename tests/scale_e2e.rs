@@ -437,3 +437,61 @@ impl Lateness {
         )
     }
 }
+
+/// What bounds 50 traffic steps due at one instant: the apiserver's own time for 50 HTTPRoute writes at once
+/// (server-side apply, as the controller writes them), with nothing else running. Ignored in the suite;
+/// `scripts/bench.sh scale` runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: scripts/bench.sh scale"]
+async fn fifty_route_writes_at_once() {
+    use gateway_api::httproutes::HttpRoute;
+    const ROUTES: usize = 50;
+    let cp = control_plane();
+    let client = cp.client().await;
+    let routes: Api<HttpRoute> = Api::namespaced(client.clone(), &cp.namespace(&client, "routes").await);
+    let body = |i: usize, weight: i64| {
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": format!("r{i}")},
+          "spec": {"parentRefs": [{"name": "gateway"}], "rules": [{"backendRefs": [
+            {"name": "active-serve-svc", "port": 8000, "weight": weight},
+            {"name": "pending-serve-svc", "port": 8000, "weight": 100 - weight}]}]}})
+    };
+    let apply = |i: usize, weight: i64| {
+        let routes = routes.clone();
+        async move {
+            let params = PatchParams::apply("rayshift").force();
+            routes
+                .patch(&format!("r{i}"), &params, &Patch::Apply(body(i, weight)))
+                .await
+        }
+    };
+    for i in 0..ROUTES {
+        apply(i, 100).await.expect("route created");
+    }
+    let (mut at_once, mut one_by_one) = (Vec::new(), Vec::new());
+    for round in 0..10 {
+        let weight = 95 - round * 5;
+        let started = Instant::now();
+        let written = futures::future::join_all((0..ROUTES).map(|i| apply(i, weight))).await;
+        at_once.push(started.elapsed().as_secs_f64() * 1e3);
+        for route in written {
+            let rules = route.expect("route written").spec.rules.unwrap_or_default();
+            assert_eq!(
+                rules[0].backend_refs.as_ref().unwrap()[0].weight,
+                Some(weight as i32)
+            );
+        }
+        let started = Instant::now();
+        for i in 0..ROUTES {
+            apply(i, weight - 1).await.expect("route written");
+        }
+        one_by_one.push(started.elapsed().as_secs_f64() * 1e3 / ROUTES as f64);
+    }
+    let order = |v: &mut Vec<f64>| v.sort_by(f64::total_cmp);
+    order(&mut at_once);
+    order(&mut one_by_one);
+    println!(
+        "{ROUTES} HTTPRoute writes at once, 10 rounds: min / median / max {:.0} / {:.0} / {:.0} ms; \
+         one at a time: median {:.1} ms each",
+        at_once[0], at_once[5], at_once[9], one_by_one[5]
+    );
+}

@@ -3,7 +3,10 @@
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use prometheus::Registry;
-use rayshift_api::{rayservice::RAYSHIFT_MANAGER, validation::ValidationConfig};
+use rayshift_api::{
+    rayservice::RAYSHIFT_MANAGER,
+    validation::{ServeConfigMemo, ValidationConfig},
+};
 use rayshift_webhook::{Webhook, WebhookOptions, admission::AdmissionConfig, server::ServerSettings};
 
 use super::{
@@ -41,11 +44,16 @@ pub struct Args {
     pub deadline: DeadlineArgs,
 }
 
+/// serveConfigV2 texts the webhook keeps parsed: a text per RayService revision under review, and a few hundred
+/// RayServices' worth is at most a few MiB (texts over 64 KiB are not kept).
+const SERVE_CONFIGS_KEPT: usize = 256;
+
 impl Args {
     pub fn options(&self) -> Result<WebhookOptions, CliError> {
         let mut validation = ValidationConfig {
             feature_gates: self.gates.gates(),
             progress_deadline_seconds: self.deadline.progress_deadline_seconds,
+            serve_configs: ServeConfigMemo::with_capacity(SERVE_CONFIGS_KEPT),
             ..ValidationConfig::default()
         };
         if !validation.managed_by_values.contains(&self.managed_by) {

@@ -22,7 +22,7 @@ pub use names::{
     is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, label_value_errors, qualified_name_errors,
 };
 pub use rayservice::{StoredObject, decode, go_duration_seconds, review, validate};
-pub use serve_config::parse_serve_config;
+pub use serve_config::{ServeConfigMemo, parse_serve_config};
 
 /// What a violated rule says about its field, in the words `kubectl` users know.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,6 +73,8 @@ pub struct ValidationConfig {
     pub managed_by_values: Vec<String>,
     /// The controller's progress deadline when a RayService sets none (its `--progress-deadline`).
     pub progress_deadline_seconds: i64,
+    /// serveConfigV2 texts already parsed (off unless turned on).
+    pub serve_configs: ServeConfigMemo,
 }
 
 impl Default for ValidationConfig {
@@ -85,6 +87,7 @@ impl Default for ValidationConfig {
                 RAYSHIFT_MANAGER.to_string(),
             ],
             progress_deadline_seconds: crate::upgrade_control::DEFAULT_PROGRESS_DEADLINE_SECONDS,
+            serve_configs: ServeConfigMemo::default(),
         }
     }
 }

@@ -107,8 +107,9 @@ pub fn validate(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationCo
     raycluster::validate_cluster_spec(&new.spec.ray_cluster_config, annotations, cfg, &mut v);
     upgrade_strategy(new, cfg, &mut v);
     let incremental = new.spec.upgrade_type() == Some(UpgradeType::NewClusterWithIncrementalUpgrade);
-    let serve_config = serve_config::check(new.spec.serve_config_v2.as_deref(), incremental, &mut v);
-    let grpc = serve_config.as_ref().and_then(grpc_port_in);
+    let text = new.spec.serve_config_v2.as_deref();
+    let serve_config = serve_config::check(text, incremental, &cfg.serve_configs, &mut v);
+    let grpc = serve_config.and_then(|parsed| parsed.as_ref().as_ref().ok().and_then(grpc_port_in));
     gateway_attachment(new, annotations, incremental, grpc, &mut v);
     slo_checks(annotations, incremental, &mut v);
     resource_aware(new, annotations, incremental, &mut v);
