@@ -150,17 +150,21 @@ pub struct PodTemplate(#[schemars(schema_with = "schema::preserved_object")] pub
 pub struct ContainerView<'a>(pub &'a Value);
 
 impl PodTemplate {
+    /// `spec.<key>`. Not `Value::pointer`: it allocates for every segment, and admission reads these fields
+    /// many times per review.
+    pub fn spec_field(&self, key: &str) -> Option<&Value> {
+        self.0.get("spec")?.get(key)
+    }
+
     pub fn containers(&self) -> Vec<ContainerView<'_>> {
-        self.0
-            .pointer("/spec/containers")
+        self.spec_field("containers")
             .and_then(Value::as_array)
             .map(|cs| cs.iter().map(ContainerView).collect())
             .unwrap_or_default()
     }
 
     pub fn init_containers(&self) -> Vec<ContainerView<'_>> {
-        self.0
-            .pointer("/spec/initContainers")
+        self.spec_field("initContainers")
             .and_then(Value::as_array)
             .map(|cs| cs.iter().map(ContainerView).collect())
             .unwrap_or_default()
@@ -172,12 +176,11 @@ impl PodTemplate {
     }
 
     pub fn restart_policy(&self) -> Option<&str> {
-        self.0.pointer("/spec/restartPolicy").and_then(Value::as_str)
+        self.spec_field("restartPolicy").and_then(Value::as_str)
     }
 
     pub fn volume_names(&self) -> Vec<&str> {
-        self.0
-            .pointer("/spec/volumes")
+        self.spec_field("volumes")
             .and_then(Value::as_array)
             .map(|vs| {
                 vs.iter()

@@ -518,7 +518,7 @@ fn check_gcs_backend(spec: &RayClusterSpec, opts: &Value, cfg: &ValidationConfig
             forbidden(v, format!("{mounts_path}[{i}]"), "gcs-ft-managed-mount", msg);
         }
     }
-    let volumes = list(spec.head_group_spec.template.0.pointer("/spec/volumes"));
+    let volumes = list(spec.head_group_spec.template.spec_field("volumes"));
     if let Some((i, _)) = find_named(volumes, "gcs-storage") {
         let msg = "cannot set a volume named \"gcs-storage\" in the head Pod when the embedded GCS FT \
                    backend is used - it is managed by KubeRay";
