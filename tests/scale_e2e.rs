@@ -173,6 +173,65 @@ fn process(pid: u32) -> (f64, f64, Duration) {
     )
 }
 
+/// CPU time of some processes, and of the whole machine, at one instant.
+struct CpuUse {
+    by_process: Vec<(u32, String, Duration)>,
+    machine_busy: Duration,
+    machine_all: Duration,
+}
+
+impl CpuUse {
+    fn now(pids: &[u32]) -> Self {
+        let comm = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let by_process = pids
+            .iter()
+            .map(|&pid| (pid, comm(pid).trim().to_string(), process(pid).2))
+            .collect();
+        // /proc/stat's first line: user nice system idle iowait irq softirq steal, in clock ticks (1/100 s).
+        let stat = std::fs::read_to_string("/proc/stat").unwrap();
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|t| t.parse().unwrap())
+            .collect();
+        let tick = |t: u64| Duration::from_millis(t * 10);
+        Self {
+            by_process,
+            machine_busy: tick(ticks.iter().sum::<u64>() - ticks[3] - ticks[4]),
+            machine_all: tick(ticks.iter().sum()),
+        }
+    }
+
+    /// "name X s (Y % of a core), …; machine Z % busy" since `before`.
+    fn since(&self, before: &CpuUse) -> String {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+        let wall = (self.machine_all - before.machine_all).as_secs_f64() / cores;
+        let mut parts: Vec<(String, f64)> = self
+            .by_process
+            .iter()
+            .filter_map(|(pid, name, cpu)| {
+                let (_, _, was) = before.by_process.iter().find(|(p, _, _)| p == pid)?;
+                Some((name.clone(), cpu.saturating_sub(*was).as_secs_f64()))
+            })
+            .collect();
+        parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let listed: Vec<String> = parts
+            .iter()
+            .map(|(name, s)| format!("{name} {s:.1} s ({:.0} % of a core)", 100.0 * s / wall))
+            .collect();
+        let busy = (self.machine_busy - before.machine_busy).as_secs_f64();
+        format!(
+            "{}; machine {:.0} % busy over {wall:.1} s",
+            listed.join(", "),
+            100.0 * busy / (cores * wall)
+        )
+    }
+}
+
 fn metric_sum(scrape: &str, name: &str) -> f64 {
     scrape
         .lines()
@@ -232,6 +291,8 @@ async fn rayservices_at_scale_become_ready_and_settle() {
     let mut controller = ControllerProcess::start(cp, "", &dashboard.url_template(), &args);
     let pid = controller.child.id();
     let started = Instant::now();
+    let processes: Vec<u32> = [pid, std::process::id()].into_iter().chain(cp.pids()).collect();
+    let cpu_at_start = CpuUse::now(&processes);
     let all: Api<RayService> = Api::all(client.clone());
     let ready_after = loop {
         let listed = all.list(&Default::default()).await.unwrap().items;
@@ -256,6 +317,11 @@ async fn rayservices_at_scale_become_ready_and_settle() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     let (rss_ready, _, _) = process(pid);
+    // Who used the two cores until Ready: what bounds time to Ready (BENCHMARKS.md).
+    eprintln!(
+        "CPU until Ready: {}",
+        CpuUse::now(&processes).since(&cpu_at_start)
+    );
     let at_ready = controller.metrics();
     let writes_to_ready = metric_sum(&at_ready, "rayshift_kubernetes_writes_total") / n as f64;
     let counted = |l: &&str| {
