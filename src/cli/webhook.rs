@@ -7,7 +7,11 @@ use rayshift_api::{
     rayservice::RAYSHIFT_MANAGER,
     validation::{ServeConfigMemo, ValidationConfig},
 };
-use rayshift_webhook::{Webhook, WebhookOptions, admission::AdmissionConfig, server::ServerSettings};
+use rayshift_webhook::{
+    Webhook, WebhookOptions,
+    admission::{AdmissionConfig, SERVE_CONFIGS_KEPT},
+    server::ServerSettings,
+};
 
 use super::{
     CliError, DeadlineArgs, DefaultsArgs, GateArgs, logging::LogArgs, runtime, serve_metrics, shutdown,
@@ -43,10 +47,6 @@ pub struct Args {
     #[command(flatten)]
     pub deadline: DeadlineArgs,
 }
-
-/// serveConfigV2 texts the webhook keeps parsed: a text per RayService revision under review, and a few hundred
-/// RayServices' worth is at most a few MiB (texts over 64 KiB are not kept).
-const SERVE_CONFIGS_KEPT: usize = 256;
 
 impl Args {
     pub fn options(&self) -> Result<WebhookOptions, CliError> {

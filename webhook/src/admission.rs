@@ -37,6 +37,11 @@ impl Hook {
     }
 }
 
+/// serveConfigV2 texts the webhook keeps parsed (`ValidationConfig::serve_configs`): a text per RayService
+/// revision under review, so a few hundred RayServices' worth is at most a few MiB (texts over 64 KiB are not
+/// kept).
+pub const SERVE_CONFIGS_KEPT: usize = 256;
+
 /// Settings the rules depend on.
 #[derive(Clone, Debug, Default)]
 pub struct AdmissionConfig {

@@ -109,7 +109,7 @@ pub fn validate(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationCo
     let incremental = new.spec.upgrade_type() == Some(UpgradeType::NewClusterWithIncrementalUpgrade);
     let text = new.spec.serve_config_v2.as_deref();
     let serve_config = serve_config::check(text, incremental, &cfg.serve_configs, &mut v);
-    let grpc = serve_config.and_then(|parsed| parsed.as_ref().as_ref().ok().and_then(grpc_port_in));
+    let grpc = serve_config.as_deref().and_then(grpc_port_in);
     gateway_attachment(new, annotations, incremental, grpc, &mut v);
     slo_checks(annotations, incremental, &mut v);
     resource_aware(new, annotations, incremental, &mut v);

@@ -24,12 +24,15 @@ pub fn parse_serve_config(text: &str) -> Result<Value, yaml_serde::Error> {
 #[derive(Clone, Default)]
 pub struct ServeConfigMemo(Option<Arc<Mutex<Parsed>>>);
 
+/// A parsed config (shared, never copied), or why it did not parse.
+type Parse = Result<Arc<Value>, String>;
+
 #[derive(Default)]
 struct Parsed {
     capacity: usize,
     bytes: usize,
     /// The parsed config, or the parser's message.
-    by_text: HashMap<Box<str>, Arc<Result<Value, String>>>,
+    by_text: HashMap<Box<str>, Parse>,
 }
 
 /// Text this long is parsed every time: a memo of a few such texts would hold megabytes.
@@ -46,8 +49,8 @@ impl ServeConfigMemo {
         Self(Some(Arc::new(Mutex::new(parsed))))
     }
 
-    fn parse(&self, text: &str) -> Arc<Result<Value, String>> {
-        let parse = || Arc::new(parse_serve_config(text).map_err(|e| e.to_string()));
+    fn parse(&self, text: &str) -> Parse {
+        let parse = || parse_serve_config(text).map(Arc::new).map_err(|e| e.to_string());
         let Some(memo) = self.0.as_ref().filter(|_| text.len() <= MEMO_TEXT_LIMIT) else {
             return parse();
         };
@@ -85,7 +88,7 @@ pub(crate) fn check(
     incremental: bool,
     memo: &ServeConfigMemo,
     v: &mut Verdict,
-) -> Option<Arc<Result<Value, String>>> {
+) -> Option<Arc<Value>> {
     let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
         v.error(FieldError::required(
             FIELD,
@@ -95,9 +98,11 @@ pub(crate) fn check(
         ));
         return None;
     };
-    let parsed = memo.parse(text);
-    match parsed.as_ref() {
-        Ok(config) => check_parsed(config, incremental, v),
+    match memo.parse(text) {
+        Ok(config) => {
+            check_parsed(&config, incremental, v);
+            Some(config)
+        }
         Err(e) => {
             v.error(FieldError::invalid(
                 FIELD,
@@ -105,10 +110,9 @@ pub(crate) fn check(
                 "serve-config-yaml",
                 format!("must be valid YAML: {e}"),
             ));
-            return None;
+            None
         }
     }
-    Some(parsed)
 }
 
 fn check_parsed(config: &Value, incremental: bool, v: &mut Verdict) {
@@ -196,7 +200,7 @@ mod tests {
     fn checked(text: &str, memo: &ServeConfigMemo) -> (Verdict, Option<Value>) {
         let mut v = Verdict::default();
         let parsed = check(Some(text), true, memo, &mut v);
-        (v, parsed.and_then(|p| p.as_ref().as_ref().ok().cloned()))
+        (v, parsed.map(|p| p.as_ref().clone()))
     }
 
     #[test]
@@ -229,9 +233,9 @@ mod tests {
     #[test]
     fn clones_share_what_they_keep() {
         let memo = ServeConfigMemo::with_capacity(4);
-        let first = memo.parse(GOOD);
-        assert!(Arc::ptr_eq(&first, &memo.clone().parse(GOOD)));
+        let first = memo.parse(GOOD).unwrap();
+        assert!(Arc::ptr_eq(&first, &memo.clone().parse(GOOD).unwrap()));
         let off = ServeConfigMemo::default();
-        assert!(!Arc::ptr_eq(&off.parse(GOOD), &off.parse(GOOD)));
+        assert!(!Arc::ptr_eq(&off.parse(GOOD).unwrap(), &off.parse(GOOD).unwrap()));
     }
 }
