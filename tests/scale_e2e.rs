@@ -463,7 +463,14 @@ async fn upgrade_at_once(
         assert_eq!(raises.last().map(|r| r.1), Some(100), "{ns}/{name}: {raises:?}");
         for pair in raises.windows(2) {
             let gap = pair[1].0.duration_since(pair[0].0).as_secs_f64();
-            lateness.push((gap - INTERVAL_SECONDS as f64) * 1000.0);
+            let late_ms = (gap - INTERVAL_SECONDS as f64) * 1000.0;
+            if late_ms > 100.0 {
+                eprintln!(
+                    "{ns}/{name}: step {} → {} {late_ms:.0} ms late",
+                    pair[0].1, pair[1].1
+                );
+            }
+            lateness.push(late_ms);
         }
     }
     lateness

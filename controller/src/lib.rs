@@ -11,6 +11,7 @@ pub mod incremental;
 pub mod label_index;
 pub mod leader;
 pub mod metrics;
+mod rayservice_gauges;
 pub mod reconcile;
 pub mod slo;
 

@@ -1,5 +1,6 @@
 //! The controller's Prometheus metrics, registered on a registry passed in.
 
+use crate::rayservice_gauges::{RayServiceGauges, Row};
 use jiff::Timestamp;
 use prometheus::{GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 use rayshift_api::{
@@ -122,19 +123,8 @@ fn capacity_freed(status: &RayServiceStatuses) -> f64 {
 #[derive(Clone)]
 pub struct Metrics {
     health: Health,
-    target_capacity: GaugeVec,
-    traffic: GaugeVec,
-    phase: GaugeVec,
-    upgrade_in_progress: GaugeVec,
-    rollback_in_progress: GaugeVec,
-    paused: GaugeVec,
-    resource_aware: GaugeVec,
-    stalled: GaugeVec,
-    capacity_dip: GaugeVec,
-    capacity_freed: GaugeVec,
-    last_step: GaugeVec,
-    until_next_step: GaugeVec,
-    expected_completion: GaugeVec,
+    /// The gauges of each RayService's phase, capacity and traffic.
+    services: RayServiceGauges,
     upgrades: IntCounterVec,
     traffic_steps: IntCounterVec,
     capacity_changes: IntCounterVec,
@@ -152,71 +142,7 @@ impl Metrics {
         let result = &["namespace", "name", "result"];
         let m = Self {
             health: Health::register(&r)?,
-            target_capacity: r.gauges(
-                "rayshift_rayservice_target_capacity_percent",
-                "Ray Serve target_capacity of the RayService's active or pending cluster.",
-                role,
-            )?,
-            traffic: r.gauges(
-                "rayshift_rayservice_traffic_percent",
-                "HTTPRoute weight (percent of traffic) of the active or pending cluster.",
-                role,
-            )?,
-            phase: r.gauges(
-                "rayshift_rayservice_upgrade_phase",
-                "Upgrade phase of the RayService: 1 for the current phase, 0 for the others.",
-                &["namespace", "name", "phase"],
-            )?,
-            upgrade_in_progress: r.gauges(
-                "rayshift_rayservice_upgrade_in_progress",
-                "1 while the RayService has a pending cluster.",
-                svc,
-            )?,
-            rollback_in_progress: r.gauges(
-                "rayshift_rayservice_rollback_in_progress",
-                "1 while an incremental upgrade is being rolled back.",
-                svc,
-            )?,
-            paused: r.gauges(
-                "rayshift_rayservice_upgrade_paused",
-                "1 while the incremental upgrade is paused.",
-                svc,
-            )?,
-            resource_aware: r.gauges(
-                "rayshift_rayservice_upgrade_resource_aware",
-                "1 while the incremental upgrade paces ResourceAware (rayshift.io/resource-aware: always, or on-stall after its pending cluster stalled).",
-                svc,
-            )?,
-            stalled: r.gauges(
-                "rayshift_rayservice_pending_cluster_unschedulable",
-                "1 while the pending cluster's Pods cannot be scheduled for lack of a resource.",
-                svc,
-            )?,
-            capacity_dip: r.gauges(
-                "rayshift_rayservice_capacity_dip_percent",
-                "How far a cluster's Serve target_capacity is below the traffic it carries: a ResourceAware upgrade's dip, at most maxUnavailablePercent; 0 otherwise.",
-                svc,
-            )?,
-            capacity_freed: r.gauges(
-                "rayshift_rayservice_capacity_freed_percent",
-                "What the active cluster gave back (100 - its target_capacity, in percent of a full copy) for the pending one while a ResourceAware upgrade runs; 0 otherwise.",
-                svc,
-            )?,
-            last_step: r.gauges(
-                "rayshift_rayservice_last_traffic_step_timestamp_seconds",
-                "Unix time of the last traffic step.",
-                svc,
-            )?,
-            until_next_step: r.gauges(
-                "rayshift_rayservice_seconds_until_next_traffic_step",
-                "Seconds until the next traffic step is due (0 when due or waiting on something else).",
-                svc,
-            )?,
-            expected_completion: r.gauges(
-                "rayshift_rayservice_upgrade_expected_completion_timestamp_seconds",
-                "Unix time the running incremental upgrade should end (recomputed at each step; absent while paused).",
-                svc,
-            )?,
+            services: r.add(RayServiceGauges::new()?)?,
             upgrades: r.counters(
                 "rayshift_upgrades_total",
                 "Upgrades by outcome: started, completed, rolled_back, aborted.",
@@ -291,69 +217,33 @@ impl Metrics {
 
     /// Gauges of one RayService from its status after a pass.
     pub fn observe_service(&self, ns: &str, name: &str, status: &RayServiceStatuses, view: &ServiceView) {
-        for (role, side) in [
-            ("active", &status.active_service_status),
-            ("pending", &status.pending_service_status),
-        ] {
-            let labels = [ns, name, role];
-            match side.as_ref().filter(|s| s.ray_cluster_name.is_some()) {
-                Some(s) => {
-                    let tc = s
-                        .target_capacity
-                        .map_or(if role == "active" { 100.0 } else { 0.0 }, f64::from);
-                    let trp = s
-                        .traffic_routed_percent
-                        .map_or(if role == "active" { 100.0 } else { 0.0 }, f64::from);
-                    self.target_capacity.with_label_values(&labels).set(tc);
-                    self.traffic.with_label_values(&labels).set(trp);
-                }
-                None => {
-                    let _ = self.target_capacity.remove_label_values(&labels);
-                    let _ = self.traffic.remove_label_values(&labels);
-                }
-            }
-        }
-        for phase in PHASES {
-            self.phase
-                .with_label_values(&[ns, name, phase])
-                .set(if *phase == view.phase { 1.0 } else { 0.0 });
-        }
-        let pending = status
-            .pending_service_status
-            .as_ref()
-            .and_then(|s| s.ray_cluster_name.as_ref())
-            .is_some();
-        let active = status
-            .active_service_status
-            .as_ref()
-            .and_then(|s| s.ray_cluster_name.as_ref())
-            .is_some();
-        set(&self.upgrade_in_progress, ns, name, pending && active);
-        set(&self.rollback_in_progress, ns, name, view.rollback);
-        set(&self.paused, ns, name, view.paused);
-        set(&self.resource_aware, ns, name, view.resource_aware);
-        set(&self.stalled, ns, name, view.stalled);
-        self.capacity_dip
-            .with_label_values(&[ns, name])
-            .set(view.capacity_dip);
-        self.capacity_freed
-            .with_label_values(&[ns, name])
-            .set(view.capacity_freed);
-        self.until_next_step
-            .with_label_values(&[ns, name])
-            .set(view.seconds_until_next_step.unwrap_or(0.0));
-        if let Some(t) = view.last_step_unix {
-            self.last_step.with_label_values(&[ns, name]).set(t);
-        }
-        match status.progress.upgrade_expected_completion_time {
-            Some(t) => self
-                .expected_completion
-                .with_label_values(&[ns, name])
-                .set(t.as_millisecond() as f64 / 1000.0),
-            None => {
-                let _ = self.expected_completion.remove_label_values(&[ns, name]);
-            }
-        }
+        let side = |s: &Option<ClusterServiceStatus>, default: f64| {
+            let s = s.as_ref().filter(|s| s.ray_cluster_name.is_some())?;
+            let percent = |v: Option<i32>| v.map_or(default, f64::from);
+            Some((percent(s.target_capacity), percent(s.traffic_routed_percent)))
+        };
+        let sides = [
+            side(&status.active_service_status, 100.0),
+            side(&status.pending_service_status, 0.0),
+        ];
+        let row = Row {
+            upgrade_in_progress: sides.iter().all(Option::is_some),
+            sides,
+            phase: view.phase,
+            rollback: view.rollback,
+            paused: view.paused,
+            resource_aware: view.resource_aware,
+            stalled: view.stalled,
+            capacity_dip: view.capacity_dip,
+            capacity_freed: view.capacity_freed,
+            seconds_until_next_step: view.seconds_until_next_step.unwrap_or(0.0),
+            last_step_unix: view.last_step_unix,
+            expected_completion_unix: status
+                .progress
+                .upgrade_expected_completion_time
+                .map(|t| t.as_millisecond() as f64 / 1000.0),
+        };
+        self.services.set(ns, name, row);
     }
 
     pub fn upgrade(&self, ns: &str, name: &str, result: &str, duration_seconds: Option<f64>) {
@@ -378,21 +268,7 @@ impl Metrics {
 
     /// Drops the series of every RayService not in `present` (namespace, name).
     pub fn forget_services_except(&self, present: &std::collections::HashSet<(&str, &str)>) {
-        use prometheus::core::Collector;
-        let mut known = std::collections::BTreeSet::new();
-        for family in self.phase.collect() {
-            for m in family.get_metric() {
-                let label = |n: &str| {
-                    m.get_label()
-                        .iter()
-                        .find(|l| l.name() == n)
-                        .map(|l| l.value().to_string())
-                        .unwrap_or_default()
-                };
-                known.insert((label("namespace"), label("name")));
-            }
-        }
-        for (ns, name) in known {
+        for (ns, name) in self.services.rayservices() {
             if !present.contains(&(ns.as_str(), name.as_str())) {
                 self.forget_service(&ns, &name);
             }
@@ -401,27 +277,9 @@ impl Metrics {
 
     /// Drops every series of a deleted RayService.
     pub fn forget_service(&self, ns: &str, name: &str) {
+        self.services.remove(ns, name);
         for role in ROLES {
-            let _ = self.target_capacity.remove_label_values(&[ns, name, role]);
-            let _ = self.traffic.remove_label_values(&[ns, name, role]);
             let _ = self.capacity_changes.remove_label_values(&[ns, name, role]);
-        }
-        for phase in PHASES {
-            let _ = self.phase.remove_label_values(&[ns, name, phase]);
-        }
-        for g in [
-            &self.upgrade_in_progress,
-            &self.rollback_in_progress,
-            &self.paused,
-            &self.resource_aware,
-            &self.stalled,
-            &self.capacity_dip,
-            &self.capacity_freed,
-            &self.last_step,
-            &self.until_next_step,
-            &self.expected_completion,
-        ] {
-            let _ = g.remove_label_values(&[ns, name]);
         }
         for result in RESULTS {
             let _ = self.upgrades.remove_label_values(&[ns, name, result]);
@@ -467,10 +325,6 @@ fn remove_service_series<T: prometheus::core::MetricVecBuilder>(
             }
         }
     }
-}
-
-fn set(g: &GaugeVec, ns: &str, name: &str, on: bool) {
-    g.with_label_values(&[ns, name]).set(if on { 1.0 } else { 0.0 });
 }
 
 /// The controller's own health: leadership, passes, API writes, dashboard requests.
