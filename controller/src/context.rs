@@ -134,16 +134,12 @@ pub struct Context {
     pub(crate) health: Arc<HealthTimer>,
     /// Evaluates SLO checks; `None` without `--prometheus-url` (checks then never pass).
     pub(crate) prometheus: Option<crate::slo::Prometheus>,
-    /// `--concurrency`: the passes that may work at once, and the lane of due traffic steps.
-    pub(crate) slots: crate::slots::Slots,
 }
 
 /// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
 /// triggers a pass, so a pass never reads an object older than the change that woke it.
 #[derive(Clone)]
 pub struct Caches {
-    /// The RayServices themselves: a pass that waited for a slot starts from the latest.
-    pub rayservices: reflector::Store<RayService>,
     pub clusters: reflector::Store<RayCluster>,
     /// Cluster names by their RayService (KubeRay's `ray.io/originated-from-cr-name`).
     pub clusters_by_owner: LabelIndex,
@@ -252,7 +248,6 @@ impl Context {
         metrics: Metrics,
         health: Arc<HealthTimer>,
     ) -> Self {
-        let options_concurrency = options.concurrency;
         Self {
             events: EventLog::new(client.clone(), "rayshift", std::env::var("POD_NAME").ok()),
             client,
@@ -269,7 +264,6 @@ impl Context {
             caches: None,
             health,
             prometheus: None,
-            slots: crate::slots::Slots::new(options_concurrency),
         }
     }
 

@@ -94,10 +94,6 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
         decision = upgrade::decide(&seen, status, &settings, Timestamp::now().max(due));
     }
     apply(p, &attachment, &decision).await?;
-    p.ctx.slots.next_step(
-        kube::runtime::reflector::ObjectRef::from_obj(p.rs),
-        decision.step_due,
-    );
     *status = decision.status;
     let wake = match decision.step_due {
         Some(due) => Some(due - STEP_LEAD),

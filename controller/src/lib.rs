@@ -14,7 +14,6 @@ pub mod metrics;
 mod rayservice_gauges;
 pub mod reconcile;
 pub mod slo;
-mod slots;
 
 use std::{sync::Arc, time::Duration};
 
@@ -256,9 +255,7 @@ async fn run_controller(
     let (grpc_routes, grpc_route_writer) = reflector::store::<GrpcRoute>();
     let clusters_by_owner = LabelIndex::new(children::ORIGINATED_FROM_CR_NAME);
     let heads_by_cluster = LabelIndex::new(children::CLUSTER_LABEL);
-    let (rayservices, rayservice_writer) = reflector::store::<RayService>();
     let caches = context::Caches {
-        rayservices: rayservices.clone(),
         clusters: clusters.clone(),
         clusters_by_owner: clusters_by_owner.clone(),
         heads,
@@ -293,12 +290,11 @@ async fn run_controller(
     // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
     let cluster_stream = indexed(&client, ns, owned(), cluster_writer, clusters_by_owner);
     let head_stream = indexed(&client, ns, head_pods(), head_writer, heads_by_cluster);
+    let (rayservices, rayservice_writer) = reflector::store::<RayService>();
     let rayservice_stream =
         reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
     let mut controller = Controller::for_stream(rayservice_stream, rayservices)
-        // Unbounded here: each pass takes one of rayshift's slots (`Context::slots`), where a due traffic step
-        // has a lane of its own.
-        .with_config(controller::Config::default().concurrency(0))
+        .with_config(controller::Config::default().concurrency(config.options.concurrency))
         .trigger_backoff(NoPause)
         .reconcile_on(unsettled)
         .owns_stream(cluster_stream)
@@ -324,11 +320,8 @@ async fn run_controller(
             controller = controller.owns_stream(cached(&client, ns, any(), grpc_route_writer));
         }
     }
-    let stopping = ctx.clone();
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
-        // Passes still waiting for a slot end at once instead of running one by one before the stop.
-        stopping.slots.close();
     };
     controller
         .watches_stream(head_stream, move |pod| owner_of_pod(&clusters, &pod))

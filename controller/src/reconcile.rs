@@ -58,13 +58,6 @@ struct Seen {
 const PASS_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
-    let key = ObjectRef::from_obj(&*cached);
-    let Some(_slot) = ctx.slots.take(&key).await else {
-        return Ok(Action::await_change());
-    };
-    // It may have waited for its slot: the latest the cache holds.
-    let latest = ctx.caches.as_ref().and_then(|c| c.rayservices.get(&key));
-    let cached = latest.unwrap_or(cached);
     let _timer = ctx.metrics.reconcile_timer();
     // Every log line of the pass names its RayService.
     let span = tracing::info_span!(
