@@ -1,12 +1,10 @@
 //! The controller's Prometheus metrics, registered on a registry passed in.
 
-use crate::rayservice_gauges::{RayServiceGauges, Row};
-use jiff::Timestamp;
 use prometheus::{GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
-use rayshift_api::{
-    RayService,
-    rayservice::{ClusterServiceStatus, RayServiceStatuses},
-};
+use rayshift_api::rayservice::{ClusterServiceStatus, RayServiceStatuses};
+
+pub use crate::rayservice_gauges::ServiceView;
+use crate::rayservice_gauges::{RayServiceGauges, Row};
 
 const RECONCILE_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -15,110 +13,12 @@ const DASHBOARD_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
-/// Phases of a RayService, exported as a state set (one series per phase, 1 for the current one).
-pub const PHASES: &[&str] = &[
-    "Idle",
-    "Initializing",
-    "Upgrading",
-    "Waiting",
-    "Paused",
-    "RollingBack",
-];
 const ROLES: &[&str] = &["active", "pending"];
 const RESULTS: &[&str] = &["started", "completed", "rolled_back", "aborted"];
 const STEP_BUCKETS: &[f64] = &[0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
 const UPGRADE_BUCKETS: &[f64] = &[
     10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0,
 ];
-
-/// What the metrics show of one RayService after a pass.
-#[derive(Clone, Debug, Default)]
-pub struct ServiceView {
-    pub phase: &'static str,
-    pub paused: bool,
-    /// The running upgrade paces ResourceAware, switched on a stall (issue 18).
-    pub resource_aware: bool,
-    /// Its pending cluster's Pods cannot be scheduled for lack of a resource.
-    pub stalled: bool,
-    /// How far a cluster's target capacity is below the traffic it carries (ResourceAware's dip), in percent.
-    pub capacity_dip: f64,
-    /// What the active cluster gave back for the pending one while the upgrade paces ResourceAware, in percent
-    /// of a full copy.
-    pub capacity_freed: f64,
-    pub rollback: bool,
-    pub seconds_until_next_step: Option<f64>,
-    pub last_step_unix: Option<f64>,
-}
-
-impl ServiceView {
-    /// The metrics' view of a RayService from its status.
-    pub fn of(rs: &RayService, status: &RayServiceStatuses, now: Timestamp) -> Self {
-        let named =
-            |s: &Option<ClusterServiceStatus>| s.as_ref().and_then(|s| s.ray_cluster_name.as_ref()).is_some();
-        let cond = |t: &str| status.conditions.iter().flatten().find(|c| c.type_ == t).cloned();
-        let rollback =
-            cond(rayshift_api::conditions::ROLLBACK_IN_PROGRESS).is_some_and(|c| c.status == "True");
-        let progressing = cond(rayshift_api::upgrade::decide::PROGRESSING);
-        let paused = progressing.as_ref().is_some_and(|c| c.reason == "Paused");
-        let phase = match (
-            named(&status.active_service_status),
-            named(&status.pending_service_status),
-        ) {
-            (false, _) => "Initializing",
-            (true, false) => "Idle",
-            (true, true) if rollback => "RollingBack",
-            (true, true) if paused => "Paused",
-            (true, true) if progressing.as_ref().is_some_and(|c| c.status == "False") => "Waiting",
-            (true, true) => "Upgrading",
-        };
-        let last_step = rayshift_api::upgrade::decide::last_step_time(status);
-        let interval = rs
-            .spec
-            .cluster_upgrade_options()
-            .and_then(|o| o.interval_seconds)
-            .map(f64::from);
-        let until = match (phase, last_step, interval) {
-            ("Upgrading" | "RollingBack", Some(t), Some(i)) => {
-                Some((i - now.duration_since(t).as_secs_f64()).max(0.0))
-            }
-            _ => None,
-        };
-        ServiceView {
-            phase,
-            paused,
-            resource_aware: status.progress.resource_aware_since.is_some(),
-            stalled: status.progress.pending_stall.is_some(),
-            capacity_dip: capacity_dip(status),
-            capacity_freed: capacity_freed(status),
-            rollback,
-            seconds_until_next_step: until,
-            last_step_unix: last_step.map(|t| t.as_millisecond() as f64 / 1000.0),
-        }
-    }
-}
-
-/// The largest gap between a cluster's traffic and its target capacity (0 unless ResourceAware dips).
-fn capacity_dip(status: &RayServiceStatuses) -> f64 {
-    let sides = [&status.active_service_status, &status.pending_service_status];
-    let gaps = sides
-        .into_iter()
-        .flatten()
-        .filter_map(|s| Some(s.traffic_routed_percent? - s.target_capacity?));
-    f64::from(gaps.max().unwrap_or(0).max(0))
-}
-
-/// 100 − the active cluster's target capacity, while a ResourceAware upgrade runs (0 otherwise).
-fn capacity_freed(status: &RayServiceStatuses) -> f64 {
-    let running = status.progress.resource_aware_since.is_some() && status.pending_service_status.is_some();
-    let active = status
-        .active_service_status
-        .as_ref()
-        .and_then(|s| s.target_capacity);
-    match (running, active) {
-        (true, Some(c)) => f64::from(100 - c),
-        _ => 0.0,
-    }
-}
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -229,15 +129,7 @@ impl Metrics {
         let row = Row {
             upgrade_in_progress: sides.iter().all(Option::is_some),
             sides,
-            phase: view.phase,
-            rollback: view.rollback,
-            paused: view.paused,
-            resource_aware: view.resource_aware,
-            stalled: view.stalled,
-            capacity_dip: view.capacity_dip,
-            capacity_freed: view.capacity_freed,
-            seconds_until_next_step: view.seconds_until_next_step.unwrap_or(0.0),
-            last_step_unix: view.last_step_unix,
+            view: view.clone(),
             expected_completion_unix: status
                 .progress
                 .upgrade_expected_completion_time
