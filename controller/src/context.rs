@@ -80,8 +80,8 @@ pub struct ControllerOptions {
 
 /// A pass mostly waits on the apiserver and dashboards, so several per core keep two cores busy; unbounded,
 /// a controller starting beside 1,000 RayServices opens a connection per pass at once. 16, not 8: at 1,000
-/// RayServices all were Ready in 47–56 s against 54–66, and a due traffic step waits behind fewer passes
-/// (BENCHMARKS.md, scale); the client stall seen at 64 was not seen at 16.
+/// RayServices all were Ready in 47–61 s against 54–66 (BENCHMARKS.md, scale); the client stall seen at 64
+/// was not seen at 16.
 pub const DEFAULT_CONCURRENCY: u16 = 16;
 
 impl Default for ControllerOptions {
