@@ -254,7 +254,8 @@ fn gauge(labels: Vec<LabelPair>, value: f64) -> Metric {
 /// The series of one family for one row.
 fn series_of(series: &Series, (ns, name): &(String, String), row: &Row, out: &mut Vec<Metric>) {
     let labels = |extra: Option<(&str, &str)>| {
-        let mut pairs = vec![label("namespace", ns), label("name", name)];
+        // Sorted by name, as prometheus orders a vector's labels (queries and tests match the text).
+        let mut pairs = vec![label("name", name), label("namespace", ns)];
         pairs.extend(extra.map(|(k, v)| label(k, v)));
         pairs
     };
@@ -339,15 +340,15 @@ mod tests {
         gauges.set("ns", "svc", upgrading());
         let text = scrape(&gauges);
         for line in [
-            r#"rayshift_rayservice_traffic_percent{namespace="ns",name="svc",role="active"} 75"#,
-            r#"rayshift_rayservice_traffic_percent{namespace="ns",name="svc",role="pending"} 25"#,
-            r#"rayshift_rayservice_target_capacity_percent{namespace="ns",name="svc",role="pending"} 50"#,
-            r#"rayshift_rayservice_upgrade_phase{namespace="ns",name="svc",phase="Upgrading"} 1"#,
-            r#"rayshift_rayservice_upgrade_phase{namespace="ns",name="svc",phase="Idle"} 0"#,
-            r#"rayshift_rayservice_upgrade_in_progress{namespace="ns",name="svc"} 1"#,
-            r#"rayshift_rayservice_upgrade_paused{namespace="ns",name="svc"} 0"#,
-            r#"rayshift_rayservice_seconds_until_next_traffic_step{namespace="ns",name="svc"} 1.5"#,
-            r#"rayshift_rayservice_last_traffic_step_timestamp_seconds{namespace="ns",name="svc"} 1700000000"#,
+            r#"rayshift_rayservice_traffic_percent{name="svc",namespace="ns",role="active"} 75"#,
+            r#"rayshift_rayservice_traffic_percent{name="svc",namespace="ns",role="pending"} 25"#,
+            r#"rayshift_rayservice_target_capacity_percent{name="svc",namespace="ns",role="pending"} 50"#,
+            r#"rayshift_rayservice_upgrade_phase{name="svc",namespace="ns",phase="Upgrading"} 1"#,
+            r#"rayshift_rayservice_upgrade_phase{name="svc",namespace="ns",phase="Idle"} 0"#,
+            r#"rayshift_rayservice_upgrade_in_progress{name="svc",namespace="ns"} 1"#,
+            r#"rayshift_rayservice_upgrade_paused{name="svc",namespace="ns"} 0"#,
+            r#"rayshift_rayservice_seconds_until_next_traffic_step{name="svc",namespace="ns"} 1.5"#,
+            r#"rayshift_rayservice_last_traffic_step_timestamp_seconds{name="svc",namespace="ns"} 1700000000"#,
             "# TYPE rayshift_rayservice_capacity_dip_percent gauge",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
@@ -376,7 +377,7 @@ mod tests {
         let text = scrape(&gauges);
         assert!(!text.contains(r#"role="pending""#), "{text}");
         assert!(
-            text.contains(r#"rayshift_rayservice_last_traffic_step_timestamp_seconds{namespace="ns",name="svc"} 1700000000"#),
+            text.contains(r#"rayshift_rayservice_last_traffic_step_timestamp_seconds{name="svc",namespace="ns"} 1700000000"#),
             "{text}"
         );
     }
