@@ -122,13 +122,11 @@ impl Metrics {
             let percent = |v: Option<i32>| v.map_or(default, f64::from);
             Some((percent(s.target_capacity), percent(s.traffic_routed_percent)))
         };
-        let sides = [
-            side(&status.active_service_status, 100.0),
-            side(&status.pending_service_status, 0.0),
-        ];
         let row = Row {
-            upgrade_in_progress: sides.iter().all(Option::is_some),
-            sides,
+            sides: [
+                side(&status.active_service_status, 100.0),
+                side(&status.pending_service_status, 0.0),
+            ],
             view: view.clone(),
             expected_completion_unix: status
                 .progress

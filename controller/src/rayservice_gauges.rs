@@ -121,7 +121,6 @@ fn capacity_freed(status: &RayServiceStatuses) -> f64 {
 pub struct Row {
     /// (target capacity, traffic) in percent of the active and of the pending cluster, where there is one.
     pub sides: [Option<(f64, f64)>; 2],
-    pub upgrade_in_progress: bool,
     pub expected_completion_unix: Option<f64>,
     /// Its last step is kept once set: the last step of the last upgrade.
     pub view: ServiceView,
@@ -157,7 +156,7 @@ const FAMILIES: &[(&str, &str, Series)] = &[
      Series::PerPhase),
     ("rayshift_rayservice_upgrade_in_progress",
      "1 while the RayService has a pending cluster.",
-     Series::Single(|r| flag(r.upgrade_in_progress))),
+     Series::Single(|r| flag(r.sides.iter().all(Option::is_some)))),
     ("rayshift_rayservice_rollback_in_progress",
      "1 while an incremental upgrade is being rolled back.",
      Series::Single(|r| flag(r.view.rollback))),
@@ -289,7 +288,7 @@ impl Collector for RayServiceGauges {
     fn collect(&self) -> Vec<MetricFamily> {
         let rows = self.rows.read().unwrap_or_else(|e| e.into_inner());
         let mut families = Vec::new();
-        for ((name, help, series), _) in FAMILIES.iter().zip(self.descs.iter()) {
+        for (name, help, series) in FAMILIES {
             let mut metrics = Vec::new();
             for (key, row) in rows.iter() {
                 series_of(series, key, row, &mut metrics);
@@ -323,7 +322,6 @@ mod tests {
     fn upgrading() -> Row {
         Row {
             sides: [Some((100.0, 75.0)), Some((50.0, 25.0))],
-            upgrade_in_progress: true,
             expected_completion_unix: None,
             view: ServiceView {
                 phase: "Upgrading",
