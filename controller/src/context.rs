@@ -78,11 +78,11 @@ pub struct ControllerOptions {
     pub resource_aware: rayshift_api::upgrade_control::ResourceAwareMode,
 }
 
-/// A pass mostly waits on the apiserver and dashboards, so several per core keep two cores busy; unbounded,
-/// a controller starting beside 1,000 RayServices opens a connection per pass at once. 16, not 8: at 1,000
-/// RayServices all were Ready in 47–61 s against 54–66 (BENCHMARKS.md, scale); the client stall seen at 64
-/// was not seen at 16.
-pub const DEFAULT_CONCURRENCY: u16 = 16;
+/// A pass mostly waits on the apiserver and dashboards, so a few per core keep two cores busy; unbounded,
+/// a controller starting beside 1,000 RayServices opens a connection per pass at once. Not 16: faster to
+/// Ready at 1,000, but the client stall (a pass waiting 30 s for its connection) came back in 2 of 4 runs of
+/// 30 RayServices (BENCHMARKS.md, scale).
+pub const DEFAULT_CONCURRENCY: u16 = 8;
 
 impl Default for ControllerOptions {
     fn default() -> Self {
