@@ -19,7 +19,10 @@ use serde::{
 };
 use serde_json::{Value, value::RawValue};
 
-use crate::error::{BadRequest, Error};
+use crate::{
+    error::{BadRequest, Error},
+    last_applied,
+};
 
 /// Which webhook a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -113,7 +116,9 @@ struct TypeOnly {
 /// field of the wrong type, a stored object that no longer decodes, a body that is not a review) takes
 /// the step-by-step path, which names what is wrong.
 pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Value, Record), Error> {
-    let text = std::str::from_utf8(body).map_err(BadRequest::NotUtf8)?;
+    // Emptying only touches ASCII, so the emptied body is UTF-8 exactly when the body is.
+    let emptied = last_applied::without_last_applied(body);
+    let text = std::str::from_utf8(emptied.as_deref().unwrap_or(body)).map_err(BadRequest::NotUtf8)?;
     match hook {
         Hook::Validate => match serde_json::from_str(text).ok().and_then(v1_request) {
             Some(req) => admit(
@@ -122,15 +127,77 @@ pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Valu
                     validate(response, object, old.as_ref(), config, record)
                 },
             ),
-            None => admit(request::<RawRequest>(text)?, |response, object, old, record| {
-                validate_raw(response, &object, old.as_deref(), config, record)
-            }),
+            None => admit(
+                request::<RawRequest>(utf8(body)?)?,
+                |response, object, old, record| {
+                    validate_raw(response, &object, old.as_deref(), config, record)
+                },
+            ),
         },
-        Hook::Mutate => admit(
-            request::<RequestIn<Value, IgnoredAny>>(text)?,
-            |response, object, _, record| mutate(response, object, config, record),
-        ),
+        Hook::Mutate => match serde_json::from_str(text).ok().and_then(v1_request) {
+            Some(req) => admit(
+                req,
+                |response, object: DefaultingView, _: Option<IgnoredAny>, record| {
+                    mutate(response, object.into_value(), config, record)
+                },
+            ),
+            None => admit(
+                request::<RequestIn<Value, IgnoredAny>>(utf8(body)?)?,
+                |response, object, _, record| mutate(response, object, config, record),
+            ),
+        },
     }
+}
+
+/// What defaulting reads of an object: its type and `spec.upgradeStrategy`, each kept as sent (an
+/// explicit null included). Anything it cannot hold (a `spec` that is not an object) takes the path that
+/// decodes the whole object.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DefaultingView {
+    #[serde(default, deserialize_with = "present")]
+    api_version: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    kind: Option<Value>,
+    #[serde(default, deserialize_with = "present_spec")]
+    spec: Option<Option<DefaultingSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DefaultingSpec {
+    #[serde(default, deserialize_with = "present")]
+    upgrade_strategy: Option<Value>,
+}
+
+/// A field that is there, even as null (serde reads a null `Option` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+fn present_spec<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<DefaultingSpec>>, D::Error> {
+    Option::<DefaultingSpec>::deserialize(d).map(Some)
+}
+
+impl DefaultingView {
+    /// The object as defaulting sees it, without the fields it does not read.
+    fn into_value(self) -> Value {
+        let mut object = serde_json::Map::new();
+        let fields = [("apiVersion", self.api_version), ("kind", self.kind)];
+        object.extend(fields.into_iter().filter_map(|(k, v)| Some((k.to_string(), v?))));
+        if let Some(spec) = self.spec {
+            let spec = spec.map(|s| {
+                let strategy = s.upgrade_strategy.map(|u| ("upgradeStrategy".to_string(), u));
+                Value::Object(strategy.into_iter().collect())
+            });
+            object.insert("spec".into(), spec.unwrap_or(Value::Null));
+        }
+        Value::Object(object)
+    }
+}
+
+fn utf8(body: &[u8]) -> Result<&str, Error> {
+    Ok(std::str::from_utf8(body).map_err(BadRequest::NotUtf8)?)
 }
 
 fn v1_request<R>(review: ReviewIn<R>) -> Option<R> {
@@ -429,17 +496,65 @@ mod tests {
     fn the_one_pass_path_answers_every_fixture_as_the_step_by_step_path() {
         let config = config();
         let (mut allowed, mut denied) = (0, 0);
-        for (file, doc) in fixtures() {
-            for b in [body("CREATE", &doc, None), body("UPDATE", &doc, Some(&doc))] {
-                let fast = review(Hook::Validate, &b, &config);
-                assert!(same(&fast, &step_by_step(&b, &config)), "{file}: {fast:?}");
-                match fast {
-                    Ok((_, record)) if record.allowed => allowed += 1,
-                    _ => denied += 1,
+        for (file, plain) in fixtures() {
+            for doc in [with_last_applied(&plain), plain] {
+                for b in [body("CREATE", &doc, None), body("UPDATE", &doc, Some(&doc))] {
+                    let fast = review(Hook::Validate, &b, &config);
+                    assert!(same(&fast, &step_by_step(&b, &config)), "{file}: {fast:?}");
+                    match fast {
+                        Ok((_, record)) if record.allowed => allowed += 1,
+                        _ => denied += 1,
+                    }
                 }
             }
         }
-        assert!(allowed > 10 && denied > 50, "allowed {allowed}, denied {denied}");
+        assert!(allowed > 20 && denied > 100, "allowed {allowed}, denied {denied}");
+    }
+
+    #[test]
+    fn defaulting_reads_the_same_from_its_view_as_from_the_whole_object() {
+        let config = config();
+        let odd = [
+            json!({"apiVersion": "ray.io/v1", "kind": "RayService", "spec": null}),
+            json!({"apiVersion": "ray.io/v1", "kind": "RayService", "spec": 5}),
+            json!({"apiVersion": "ray.io/v1", "kind": "RayService", "spec": {"upgradeStrategy": null}}),
+            json!({"apiVersion": "ray.io/v1", "kind": "RayService", "spec": {"upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade"}}}),
+            json!({"apiVersion": "ray.io/v1", "spec": {}}),
+            json!({"apiVersion": "v1", "kind": "Pod"}),
+            json!("not an object"),
+        ];
+        let docs = fixtures().into_iter().map(|(_, d)| d).chain(odd);
+        let mut patched = 0;
+        for doc in docs.flat_map(|d| [with_last_applied(&d), d]) {
+            let b = body("CREATE", &doc, None);
+            let text = std::str::from_utf8(&b).unwrap();
+            let whole = admit(
+                request::<RequestIn<Value, IgnoredAny>>(text).unwrap(),
+                |response, object, _, record| mutate(response, object, &config, record),
+            );
+            let viewed = review(Hook::Mutate, &b, &config);
+            assert!(same(&viewed, &whole), "{doc}: {viewed:?}");
+            patched += usize::from(viewed.is_ok_and(|(_, r)| r.patched));
+        }
+        assert!(patched >= 2, "{patched} patched");
+    }
+
+    /// The object with kubectl's copy of itself, as `kubectl apply` leaves it; the copy gets emptied.
+    fn with_last_applied(doc: &Value) -> Value {
+        let mut doc = doc.clone();
+        if let Some(meta) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
+            let copy = json!({"apiVersion": "ray.io/v1", "metadata": {"name": "x"}, "spec": {"a": "b\\\"c"}});
+            let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+            if let Some(annotations) = annotations.as_object_mut() {
+                annotations.insert(
+                    rayshift_api::rayservice::LAST_APPLIED_ANNOTATION.into(),
+                    copy.to_string().into(),
+                );
+                let b = body("CREATE", &Value::Object(meta.clone()), None);
+                assert!(last_applied::without_last_applied(&b).is_some());
+            }
+        }
+        doc
     }
 
     #[test]

@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod certs;
 pub mod error;
+mod last_applied;
 pub mod metrics;
 pub mod server;
 pub mod tls;

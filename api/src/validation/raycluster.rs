@@ -127,28 +127,30 @@ fn containers_path(group: &str) -> String {
 /// The Ray container (index 0) of a group's Pod template, with the path its fields are reported under.
 struct RayContainer<'a> {
     raw: &'a Value,
-    path: String,
+    group: &'a str,
 }
 
 impl<'a> RayContainer<'a> {
-    fn of(group: &str, template: &'a PodTemplate) -> Option<Self> {
+    fn of(group: &'a str, template: &'a PodTemplate) -> Option<Self> {
         let raw = template.ray_container()?.0;
-        Some(Self {
-            raw,
-            path: format!("{}[0]", containers_path(group)),
-        })
+        Some(Self { raw, group })
+    }
+
+    /// Written only when reported: admission builds these for every group of every review.
+    fn path(&self) -> String {
+        format!("{}[0]", containers_path(self.group))
     }
 
     /// Path and entry of env var `name`.
     fn env(&self, name: &str) -> Option<(String, &'a Value)> {
         let (i, e) = find_named(list(self.raw.get("env")), name)?;
-        Some((format!("{}.env[{i}]", self.path), e))
+        Some((format!("{}.env[{i}]", self.path()), e))
     }
 
     fn mounts(&self) -> (&'a [Value], String) {
         (
             list(self.raw.get("volumeMounts")),
-            format!("{}.volumeMounts", self.path),
+            format!("{}.volumeMounts", self.path()),
         )
     }
 }
