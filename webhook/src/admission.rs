@@ -116,9 +116,19 @@ struct TypeOnly {
 /// field of the wrong type, a stored object that no longer decodes, a body that is not a review) takes
 /// the step-by-step path, which names what is wrong.
 pub fn review(hook: Hook, body: &[u8], config: &AdmissionConfig) -> Result<(Value, Record), Error> {
+    last_applied::with_copies_emptied(body, |emptied| review_emptied(hook, body, emptied, config))
+}
+
+/// [`review`] of `body`, decoded from `emptied` (`body` with kubectl's last-applied copies emptied). The
+/// step-by-step paths read `body` itself.
+fn review_emptied(
+    hook: Hook,
+    body: &[u8],
+    emptied: &[u8],
+    config: &AdmissionConfig,
+) -> Result<(Value, Record), Error> {
     // Emptying only touches ASCII, so the emptied body is UTF-8 exactly when the body is.
-    let emptied = last_applied::without_last_applied(body);
-    let text = std::str::from_utf8(emptied.as_deref().unwrap_or(body)).map_err(BadRequest::NotUtf8)?;
+    let text = utf8(emptied)?;
     match hook {
         Hook::Validate => match serde_json::from_str(text).ok().and_then(v1_request) {
             Some(req) => admit(
@@ -551,7 +561,7 @@ mod tests {
                     copy.to_string().into(),
                 );
                 let b = body("CREATE", &Value::Object(meta.clone()), None);
-                assert!(last_applied::without_last_applied(&b).is_some());
+                assert!(last_applied::with_copies_emptied(&b, |e| e.len() < b.len()));
             }
         }
         doc

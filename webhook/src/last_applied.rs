@@ -6,7 +6,7 @@
 //! Only well-formed copies are emptied: printable ASCII with valid escapes. Anything else is left for the
 //! decoder to judge, so emptying never turns a body the decoder would refuse into one it accepts.
 
-use std::sync::LazyLock;
+use std::{cell::RefCell, sync::LazyLock};
 
 use memchr::memmem::Finder;
 use wide::u8x16;
@@ -17,9 +17,44 @@ static KEY: LazyLock<Finder<'static>> =
 
 const BLOCK: usize = 64;
 
+thread_local! {
+    /// The emptied body, reused by every review on this thread instead of a body-sized allocation each.
+    static EMPTIED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A body larger than this does not keep its buffer after its review.
+const KEPT_CAPACITY: usize = 1 << 20;
+
+/// Calls `read` with `body`, its last-applied values emptied when it has any.
+pub fn with_copies_emptied<R>(body: &[u8], read: impl FnOnce(&[u8]) -> R) -> R {
+    EMPTIED.with(|cell| {
+        let Ok(mut out) = cell.try_borrow_mut() else {
+            return read(body);
+        };
+        out.clear();
+        let result = if empty_into(body, &mut out) {
+            read(&out)
+        } else {
+            read(body)
+        };
+        if out.capacity() > KEPT_CAPACITY {
+            *out = Vec::new();
+        }
+        result
+    })
+}
+
 /// `body` with every last-applied value emptied (`""`), or `None` when there was none to empty.
-pub fn without_last_applied(body: &[u8]) -> Option<Vec<u8>> {
-    let (mut out, mut copied, mut from) = (Vec::new(), 0, 0);
+#[cfg(test)]
+fn without_last_applied(body: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    empty_into(body, &mut out).then_some(out)
+}
+
+/// Writes `body` into `out` with every last-applied value emptied; false (and `out` left empty) when there
+/// was none to empty.
+fn empty_into(body: &[u8], out: &mut Vec<u8>) -> bool {
+    let (mut copied, mut from) = (0, 0);
     while let Some(at) = KEY.find(&body[from..]).map(|i| i + from) {
         from = at + KEY.needle().len();
         if escaped(body, at) {
@@ -39,10 +74,10 @@ pub fn without_last_applied(body: &[u8]) -> Option<Vec<u8>> {
         from = copied + 1;
     }
     if copied == 0 {
-        return None;
+        return false;
     }
     out.extend_from_slice(&body[copied..]);
-    Some(out)
+    true
 }
 
 /// Whether the byte at `at` follows an odd run of backslashes (it is inside a string, escaped).
