@@ -169,7 +169,7 @@ struct DefaultingView {
     api_version: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     kind: Option<Value>,
-    #[serde(default, deserialize_with = "present_spec")]
+    #[serde(default, deserialize_with = "present")]
     spec: Option<Option<DefaultingSpec>>,
 }
 
@@ -181,12 +181,8 @@ struct DefaultingSpec {
 }
 
 /// A field that is there, even as null (serde reads a null `Option` as absent).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
-}
-
-fn present_spec<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<DefaultingSpec>>, D::Error> {
-    Option::<DefaultingSpec>::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 impl DefaultingView {
