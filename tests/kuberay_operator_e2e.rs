@@ -103,6 +103,16 @@ async fn rayshift_and_the_real_kuberay_operator_share_a_namespace() {
             )
         }
     };
+    // "theirs" must be newer than the controller: one older than it is told from its first change on, and
+    // KubeRay may write its pending cluster before rayshift's first look (a CI run saw no event then).
+    eventually(
+        "rayshift's controller ready",
+        60,
+        Duration::from_millis(100),
+        || async { (controller.readyz() == 200).then_some(()) },
+        logs("the controller never got ready"),
+    )
+    .await;
     let pp = PostParams::default();
     services
         .create(
