@@ -137,6 +137,33 @@ fn seed_with_annotations(dir: &Path, annotations: &str) -> String {
     f.to_string_lossy().into_owned()
 }
 
+/// `--drain-seconds` plans with the controller's flag; the RayService's own annotation still wins.
+#[test]
+fn plan_takes_the_controllers_drain_seconds() {
+    let duration = |file: &str, extra: &[&str]| {
+        let mut args = vec!["plan", "-f", file, "-o", "json"];
+        args.extend_from_slice(extra);
+        let out = rayshift(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+        plan["min_duration_seconds"].as_f64().unwrap()
+    };
+    let seed = sample("rayservice-seed-example.yaml");
+    // 19 intervals of 10 s, then the drain.
+    assert_eq!(duration(&seed, &[]), 195.0);
+    assert_eq!(duration(&seed, &["--drain-seconds", "30"]), 220.0);
+    assert_eq!(duration(&seed, &["--drain-seconds", "0"]), 190.0);
+    let dir = tempfile::tempdir().unwrap();
+    let annotated = seed_with_annotations(dir.path(), "    rayshift.io/drain-seconds: \"12\"\n");
+    assert_eq!(duration(&annotated, &["--drain-seconds", "30"]), 202.0);
+    let out = rayshift(&["plan", "-f", &seed, "--drain-seconds", "-1"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a flag it cannot honour is a usage error"
+    );
+}
+
 #[test]
 fn plan_says_where_traffic_enters() {
     let dir = tempfile::tempdir().unwrap();

@@ -76,6 +76,9 @@ enum PluginCommand {
         name: String,
         #[arg(short, long, value_enum, default_value_t)]
         output: Format,
+        /// The controller's --drain-seconds, for a RayService without rayshift.io/drain-seconds (which wins).
+        #[arg(long, default_value_t = DEFAULT_DRAIN_SECONDS, value_parser = clap::value_parser!(i64).range(0..))]
+        drain_seconds: i64,
     },
     /// Hold the running upgrade where it is (rayshift.io/upgrade-control=pause).
     Pause { name: String },
@@ -137,7 +140,11 @@ async fn run_against_cluster(plugin: Plugin) -> Result<ExitCode, CliError> {
             watch: true,
             output,
         } => follow(&client, &api, &name, output).await?,
-        PluginCommand::Plan { name, output } => print!("{}", plan(&api.get(&name).await?, output)?),
+        PluginCommand::Plan {
+            name,
+            output,
+            drain_seconds,
+        } => print!("{}", plan(&api.get(&name).await?, drain_seconds, output)?),
         PluginCommand::Pause { name } => control(Some("pause"), name).await?,
         PluginCommand::Resume { name } => control(None, name).await?,
         PluginCommand::Promote { name } => control(Some("promote"), name).await?,
@@ -227,14 +234,14 @@ async fn set_control(
 }
 
 /// The rest of the running upgrade from its status, else the plan of the next one.
-fn plan(rs: &RayService, output: Format) -> Result<String, CliError> {
+fn plan(rs: &RayService, drain_seconds: i64, output: Format) -> Result<String, CliError> {
     let name = rs.name_any();
     if rs.spec.upgrade_type() != Some(UpgradeType::NewClusterWithIncrementalUpgrade) {
         return Ok(format!(
             "RayService {name} has no incremental upgrade strategy: nothing to plan\n"
         ));
     }
-    let Some(opts) = UpgradeOptions::of(rs, DEFAULT_DRAIN_SECONDS) else {
+    let Some(opts) = UpgradeOptions::of(rs, drain_seconds) else {
         return Ok(format!(
             "RayService {name}: clusterUpgradeOptions cannot make progress; run `kubectl rayshift validate`\n"
         ));
