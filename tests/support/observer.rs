@@ -110,7 +110,7 @@ impl Seen {
 
 /// A route's weight per RayCluster, from the backendRefs to `<cluster>-serve-svc`: only those are rayshift's
 /// (an adopted route has rules of its own).
-pub fn route_weights(route: &HttpRoute) -> BTreeMap<String, i64> {
+fn route_weights(route: &HttpRoute) -> BTreeMap<String, i64> {
     route
         .spec
         .rules

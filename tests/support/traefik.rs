@@ -3,8 +3,10 @@
 //! resolves every backendRef to the ready EndpointSlice addresses of its Service, and balances the route's
 //! weights round robin. It listens on a loopback address of its own, port 80 (rayshift's Gateway listener).
 //!
-//! Test code only watches: the route's weights as the apiserver had them, and when Traefik accepted each
-//! generation, so a test can tell which split the data plane was asked to carry when.
+//! Test code only watches: the routes' weights as the apiserver had them, and when Traefik accepted each
+//! generation, so a test can tell which split the data plane was asked to carry when. The HTTPRoute and the
+//! GRPCRoute are followed apart: rayshift writes the GRPCRoute after the HTTPRoute, and Traefik accepts each
+//! on its own.
 
 use std::{
     collections::BTreeMap,
@@ -18,19 +20,17 @@ use std::{
 };
 
 use futures::StreamExt;
-use gateway_api::{gatewayclasses::GatewayClass, httproutes::HttpRoute};
+use gateway_api::{gatewayclasses::GatewayClass, grpcroutes::GrpcRoute, httproutes::HttpRoute};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     api::PostParams,
     runtime::{WatchStreamExt, watcher},
 };
-use serde_json::json;
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::{Value, json};
 
-use super::{
-    cluster::{ControlPlane, repo},
-    observer::route_weights,
-};
+use super::cluster::{ControlPlane, repo};
 
 /// Traefik's Gateway API controller name.
 pub const CONTROLLER: &str = "traefik.io/gateway-controller";
@@ -63,6 +63,7 @@ pub struct TraefikGateway {
     pub address: String,
     dir: PathBuf,
     routes: Arc<Mutex<Vec<RouteWeights>>>,
+    grpc_routes: Arc<Mutex<Vec<RouteWeights>>>,
     endpoints: Arc<Mutex<Vec<Endpoints>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -128,15 +129,24 @@ impl TraefikGateway {
             String::from_utf8_lossy(&out.stderr)
         );
         let routes = Arc::new(Mutex::new(Vec::new()));
+        let grpc_routes = Arc::new(Mutex::new(Vec::new()));
         let endpoints = Arc::new(Mutex::new(Vec::new()));
         let tasks = vec![
-            tokio::spawn(follow(Api::namespaced(client.clone(), ns), routes.clone())),
+            tokio::spawn(follow(
+                Api::<HttpRoute>::namespaced(client.clone(), ns),
+                routes.clone(),
+            )),
+            tokio::spawn(follow(
+                Api::<GrpcRoute>::namespaced(client.clone(), ns),
+                grpc_routes.clone(),
+            )),
             tokio::spawn(count_endpoints(Api::namespaced(client, ns), endpoints.clone())),
         ];
         TraefikGateway {
             address,
             dir,
             routes,
+            grpc_routes,
             endpoints,
             tasks,
         }
@@ -151,9 +161,14 @@ impl TraefikGateway {
         format!("{}:9000", self.address)
     }
 
-    /// Every version of the route's weights, in order.
+    /// Every version of the HTTPRoute's weights, in order.
     pub fn routes(&self) -> Vec<RouteWeights> {
         self.routes.lock().unwrap().clone()
+    }
+
+    /// Every version of the GRPCRoute's weights, in order (none without a gRPC listener).
+    pub fn grpc_routes(&self) -> Vec<RouteWeights> {
+        self.grpc_routes.lock().unwrap().clone()
     }
 
     /// Every change of a Service's ready endpoint count, in order.
@@ -257,25 +272,42 @@ impl Drop for TraefikGateway {
     }
 }
 
-fn accepted_by_traefik(route: &HttpRoute) -> bool {
-    let g = route.metadata.generation;
-    route.status.as_ref().is_some_and(|s| {
-        s.parents.iter().any(|p| {
-            p.controller_name == CONTROLLER
-                && p.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Accepted" && c.status == "True" && c.observed_generation == g)
-        })
-    })
+/// Whether Traefik's parent status accepts the route's current generation (HTTPRoute and GRPCRoute alike).
+fn accepted_by_traefik(route: &Value) -> bool {
+    let generation = &route["metadata"]["generation"];
+    let parents = route["status"]["parents"].as_array().into_iter().flatten();
+    parents
+        .filter(|p| p["controllerName"] == CONTROLLER)
+        .flat_map(|p| p["conditions"].as_array().into_iter().flatten())
+        .any(|c| c["type"] == "Accepted" && c["status"] == "True" && &c["observedGeneration"] == generation)
 }
 
-async fn follow(routes: Api<HttpRoute>, seen: Arc<Mutex<Vec<RouteWeights>>>) {
+/// Weight per RayCluster from the route's `<cluster>-serve-svc` backendRefs (1 when unset, as the API says).
+fn weights_of(route: &Value) -> BTreeMap<String, i64> {
+    let rules = route["spec"]["rules"].as_array().into_iter().flatten();
+    rules
+        .flat_map(|r| r["backendRefs"].as_array().into_iter().flatten())
+        .filter_map(|b| {
+            let cluster = b["name"].as_str()?.strip_suffix("-serve-svc")?;
+            Some((cluster.to_string(), b["weight"].as_i64().unwrap_or(1)))
+        })
+        .collect()
+}
+
+async fn follow<K>(routes: Api<K>, seen: Arc<Mutex<Vec<RouteWeights>>>)
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug + Send + 'static,
+{
     let mut events = watcher(routes, watcher::Config::default())
+        .default_backoff()
         .applied_objects()
         .boxed();
     while let Some(event) = events.next().await {
         let Ok(route) = event else { continue };
-        let generation = route.metadata.generation.unwrap_or_default();
+        let Ok(route) = serde_json::to_value(&route) else {
+            continue;
+        };
+        let generation = route["metadata"]["generation"].as_i64().unwrap_or_default();
         let now = Instant::now();
         let mut seen = seen.lock().unwrap();
         if seen.last().is_none_or(|r| r.generation != generation) {
@@ -283,7 +315,7 @@ async fn follow(routes: Api<HttpRoute>, seen: Arc<Mutex<Vec<RouteWeights>>>) {
                 generation,
                 seen: now,
                 accepted: None,
-                weights: route_weights(&route),
+                weights: weights_of(&route),
             });
         }
         let last = seen.last_mut().expect("pushed above");
