@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gateway_api::{gateways::Gateway, httproutes::HttpRoute};
+use gateway_api::{gateways::Gateway, grpcroutes::GrpcRoute, httproutes::HttpRoute};
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::api::PostParams;
@@ -21,7 +21,7 @@ use support::{
     autoscaler::{Autoscaler, GPU_TAINT, gpu_node},
     controller::ControllerProcess,
     dashboard::Fault,
-    incremental::{Env, head},
+    incremental::{self, Env, head},
     observer::Observer,
     status::{active, cluster_names, condition, pending},
     traefik,
@@ -552,6 +552,130 @@ async fn a_shared_gateway_in_another_namespace_carries_the_upgrade_untouched() {
         !managers(&after).iter().any(|m| m.contains("rayshift")),
         "{:?}",
         managers(&after)
+    );
+}
+
+/// Serve stops serving gRPC: the GRPCRoute rayshift made for it goes, with an Event, and so does the
+/// Gateway's `grpc` listener; the HTTPRoute stays and carries all traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_route_goes_when_serve_stops_serving_grpc() {
+    let env = Env::new("grpcoff").await;
+    let mut rs = incremental::rayservice(50, 25, 1, "ray:1");
+    let plain = rs["spec"]["serveConfigV2"].as_str().unwrap().to_string();
+    let grpc = format!(
+        "grpc_options:\n  port: 9000\n  grpc_servicer_functions: [app_grpc.add_AppServicer_to_server]\n{plain}"
+    );
+    rs["spec"]["serveConfigV2"] = json!(grpc);
+    let active = env.deploy_rayservice(rs).await;
+    let routes: Api<GrpcRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    let listeners = || async {
+        let gateway = env.raw::<Gateway>(&env.ns, "llm-gateway").await;
+        let names = gateway["spec"]["listeners"].as_array().unwrap().iter();
+        names
+            .map(|l| l["name"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    env.eventually("the GRPCRoute", 30, || async {
+        routes.get_opt("llm-grpcroute").await.unwrap()
+    })
+    .await;
+    assert!(
+        listeners().await.contains(&"grpc".to_string()),
+        "{:?}",
+        listeners().await
+    );
+    assert!(env.event_notes("DeletedGRPCRoute").is_empty());
+
+    env.patch(json!({"spec": {"serveConfigV2": plain}})).await;
+    env.eventually("the GRPCRoute gone", 30, || async {
+        routes
+            .get_opt("llm-grpcroute")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    env.eventually("the Gateway without its grpc listener", 30, || async {
+        (!listeners().await.contains(&"grpc".to_string())).then_some(())
+    })
+    .await;
+    let route = env.raw::<HttpRoute>(&env.ns, "llm-httproute").await;
+    let backends = &route["spec"]["rules"][0]["backendRefs"];
+    assert_eq!(backends.as_array().map(Vec::len), Some(1), "{backends:#}");
+    assert_eq!(backends[0]["name"], format!("{active}-serve-svc"));
+    assert_eq!(backends[0]["weight"], 100);
+    let notes = env.event_notes("DeletedGRPCRoute");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].0.contains("Serve has no gRPC port"), "{notes:?}");
+}
+
+/// A RayService moves from a Gateway of its own to a shared one: its HTTPRoute attaches to the shared Gateway
+/// at once, and its own Gateway stays while a route of the user's still attaches to it, then goes (with an
+/// Event) at the RayService's next pass after that route is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn its_own_gateway_goes_when_a_shared_one_takes_over_and_no_route_uses_it() {
+    let env = Env::start("moving", true).await;
+    let infra = env.infra.clone().unwrap();
+    env.create_raw::<Gateway>(&infra, json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "edge"},
+        "spec": {"gatewayClassName": traefik::CLASS, "listeners": [{"name": "web", "protocol": "HTTP", "port": 80,
+            "allowedRoutes": {"namespaces": {"from": "All"}}}]}
+    }))
+    .await;
+    env.deploy(50, 25, 1).await;
+    let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &env.ns);
+    assert!(gateways.get_opt("llm-gateway").await.unwrap().is_some());
+    env.create_raw::<HttpRoute>(&env.ns, json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "docs"},
+        "spec": {"parentRefs": [{"name": "llm-gateway"}], "rules": [{"backendRefs": [{"name": "docs", "port": 80}]}]}
+    }))
+    .await;
+
+    env.patch(json!({"metadata": {"annotations": {
+        "rayshift.io/gateway": format!("{infra}/edge"), "rayshift.io/gateway-listener": "web"}}}))
+        .await;
+    env.eventually("the HTTPRoute on the shared Gateway", 30, || async {
+        let route = env.raw::<HttpRoute>(&env.ns, "llm-httproute").await;
+        (route["spec"]["parentRefs"][0]["name"] == "edge").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        gateways.get_opt("llm-gateway").await.unwrap().is_some(),
+        "the user's route still attaches to it"
+    );
+    assert!(env.event_notes("DeletedGateway").is_empty());
+
+    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    routes.delete("docs", &Default::default()).await.unwrap();
+    env.eventually("the user's route gone from the cache", 10, || async {
+        routes.get_opt("docs").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.patch(json!({"metadata": {"annotations": {"team": "platform"}}}))
+        .await;
+    env.eventually("its own Gateway gone", 30, || async {
+        gateways
+            .get_opt("llm-gateway")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let notes = env.event_notes("DeletedGateway");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0]
+            .0
+            .contains(&format!("the shared Gateway {infra}/edge carries the traffic")),
+        "{notes:?}"
+    );
+    assert!(
+        routes.get_opt("llm-httproute").await.unwrap().is_some(),
+        "its route stays"
     );
 }
 

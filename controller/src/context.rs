@@ -176,6 +176,39 @@ impl Caches {
         Some(store.get(&reflector::ObjectRef::new(name).within(ns)))
     }
 
+    /// Names of the routes of `ns` (HTTPRoutes, and GRPCRoutes once their cache has listed) that attach to
+    /// its Gateway `gateway`; `None` until the HTTPRoute cache has listed.
+    pub(crate) fn routes_attached_to(&self, ns: &str, gateway: &str) -> Option<Vec<String>> {
+        if self.namespace.as_deref().is_some_and(|scope| scope != ns) {
+            return None;
+        }
+        futures::FutureExt::now_or_never(self.routes.wait_until_ready())?.ok()?;
+        // A parentRef without kind or namespace names a Gateway of the route's own namespace.
+        let names = |kind: Option<&str>, namespace: Option<&str>, name: &str| {
+            kind.unwrap_or("Gateway") == "Gateway" && namespace.unwrap_or(ns) == ns && name == gateway
+        };
+        let mut attached: Vec<String> = (self.routes.state().iter())
+            .filter(|r| r.metadata.namespace.as_deref() == Some(ns))
+            .filter(|r| {
+                (r.spec.parent_refs.iter().flatten())
+                    .any(|p| names(p.kind.as_deref(), p.namespace.as_deref(), &p.name))
+            })
+            .map(|r| r.name_any())
+            .collect();
+        if futures::FutureExt::now_or_never(self.grpc_routes.wait_until_ready()).is_some_and(|r| r.is_ok()) {
+            let grpc = (self.grpc_routes.state().iter())
+                .filter(|r| r.metadata.namespace.as_deref() == Some(ns))
+                .filter(|r| {
+                    (r.spec.parent_refs.iter().flatten())
+                        .any(|p| names(p.kind.as_deref(), p.namespace.as_deref(), &p.name))
+                })
+                .map(|r| r.name_any())
+                .collect::<Vec<_>>();
+            attached.extend(grpc);
+        }
+        Some(attached)
+    }
+
     /// The RayService's clusters (by KubeRay's association labels).
     pub(crate) async fn clusters_of(&self, ns: &str, rs: &str) -> Result<Vec<RayCluster>> {
         let wanted = children::association_labels(rs);

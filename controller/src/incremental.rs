@@ -12,7 +12,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use rayshift_api::{
     RayCluster, RayService,
@@ -316,21 +316,99 @@ async fn apply_gateway(p: &Pass<'_>) -> Result<()> {
     context::apply_child::<Gateway>(p.ctx, p.ns, body).await
 }
 
-/// The route from the status' weights: rayshift's own, or the managed rule of the adopted one.
+/// The route from the status' weights: rayshift's own, or the managed rule of the adopted one; the GRPCRoute
+/// while Serve has a gRPC port. Then what the attachment no longer uses goes.
 async fn apply_route(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatuses) -> Result<()> {
     match attachment {
         Attachment::AdoptedRoute { name, rule } => {
-            patch_adopted_route(p, name, rule.as_deref(), status).await
+            patch_adopted_route(p, name, rule.as_deref(), status).await?;
         }
         _ => {
             context::apply_child::<HttpRoute>(p.ctx, p.ns, route_body(p, attachment, status)).await?;
             if children::grpc_port(p.rs).is_some() {
-                context::apply_child::<GrpcRoute>(p.ctx, p.ns, grpc_route_body(p, attachment, status))
-                    .await?;
+                let body = grpc_route_body(p, attachment, status);
+                context::apply_child::<GrpcRoute>(p.ctx, p.ns, body).await?;
             }
-            Ok(())
         }
     }
+    remove_unused_routing(p, attachment).await
+}
+
+/// rayshift's own routing objects that nothing uses any more: the GRPCRoute once Serve has no gRPC port (or an
+/// adopted HTTPRoute carries the traffic), the HTTPRoute once an adopted one does, and the Gateway once the
+/// RayService attaches elsewhere and no other route of its namespace attaches to it. Left behind, a route
+/// keeps sending calls to serve Services that go with the next upgrade, and a Gateway keeps its load balancer.
+async fn remove_unused_routing(p: &Pass<'_>, attachment: &Attachment) -> Result<()> {
+    let rs = p.rs.name_any();
+    let (route, grpc_route) = (children::route_name(&rs), children::grpc_route_name(&rs));
+    let elsewhere = match attachment {
+        Attachment::Owned => None,
+        Attachment::SharedGateway(gw) => Some(format!("the shared Gateway {}/{}", gw.namespace, gw.name)),
+        Attachment::AdoptedRoute { name, .. } => Some(format!("the adopted HTTPRoute {name}")),
+    };
+    let grpc_gone = match (&elsewhere, attachment) {
+        (Some(e), Attachment::AdoptedRoute { .. }) => Some(format!("{e} carries the traffic")),
+        _ => children::grpc_port(p.rs)
+            .is_none()
+            .then(|| "Serve has no gRPC port".to_string()),
+    };
+    if let Some(why) = grpc_gone {
+        delete_owned::<GrpcRoute>(p, &grpc_route, &why).await?;
+    }
+    let Some(elsewhere) = elsewhere else {
+        return Ok(());
+    };
+    let why = format!("{elsewhere} carries the traffic");
+    if matches!(attachment, Attachment::AdoptedRoute { name, .. } if *name != route) {
+        delete_owned::<HttpRoute>(p, &route, &why).await?;
+    }
+    let gateway = children::gateway_name(&rs);
+    let Some(caches) = p.ctx.caches.as_ref() else {
+        return Ok(());
+    };
+    if !matches!(caches.child::<Gateway>(p.ns, &gateway), Some(Some(_))) {
+        return Ok(());
+    }
+    // The RayService's own routes attach elsewhere now (or are gone), whatever a cache a write behind says.
+    let attached = caches.routes_attached_to(p.ns, &gateway);
+    let others = attached.map(|names| names.iter().any(|n| *n != route && *n != grpc_route));
+    if others == Some(false) {
+        delete_owned::<Gateway>(p, &gateway, &why).await?;
+    }
+    Ok(())
+}
+
+/// Deletes `name` if the cache holds it and this RayService owns it, with an Event. Only the cache is read, so
+/// a settled pass (or an apiserver that does not serve the kind) costs no request.
+async fn delete_owned<K>(p: &Pass<'_>, name: &str, why: &str) -> Result<()>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + 'static,
+{
+    let cached = p.ctx.caches.as_ref().and_then(|c| c.child::<K>(p.ns, name));
+    let Some(Some(object)) = cached else {
+        return Ok(());
+    };
+    let uid = p.rs.metadata.uid.as_ref();
+    if !object.owner_references().iter().any(|o| Some(&o.uid) == uid) {
+        return Ok(());
+    }
+    let kind = K::kind(&());
+    p.ctx.before_write(&kind, "delete")?;
+    let api: Api<K> = Api::namespaced(p.ctx.client.clone(), p.ns);
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let note = format!("Deleted {kind} {}/{name}: {why}", p.ns);
+    p.ctx
+        .event(p.rs, EventType::Normal, &format!("Deleted{kind}"), "Delete", note)
+        .await;
+    Ok(())
 }
 
 /// Sets the backendRefs of the adopted route's managed rule, and nothing else of it.

@@ -70,11 +70,8 @@ pub struct ControllerArgs {
     /// Re-read Serve status this often while a due traffic step waits only for its capacity to be verified.
     #[arg(long, default_value = "0.05", value_parser = duration_at_least(0.01))]
     capacity_poll_interval_seconds: Duration,
-    /// Seconds a cluster whose traffic went to 0 keeps its last replicas before its target_capacity goes to 0:
-    /// requests a gateway still sends it under the previous weights are served, not held by a Serve proxy
-    /// with no replica (annotation rayshift.io/drain-seconds overrides it).
-    #[arg(long, default_value_t = rayshift_api::upgrade_control::DEFAULT_DRAIN_SECONDS, value_parser = clap::value_parser!(i64).range(0..))]
-    drain_seconds: i64,
+    #[command(flatten)]
+    drain: super::Drain,
     /// Run a full pass of a settled RayService this often (writes only on change); in between, the shared
     /// health timer checks its Serve status and head proxies every --serve-health-interval-seconds.
     #[arg(long, default_value = "300", value_parser = duration_at_least(1.0))]
@@ -119,7 +116,7 @@ impl ControllerArgs {
             resync_interval: self.resync_interval_seconds,
             skip_gateway_status_check: self.skip_gateway_status_check,
             progress_deadline_seconds: deadline.progress_deadline_seconds,
-            drain_seconds: self.drain_seconds,
+            drain_seconds: self.drain.seconds,
             serve_health_url_template: self.serve_health_url_template.clone(),
             serve_health_interval: self.serve_health_interval_seconds,
             concurrency: self.concurrency,

@@ -20,6 +20,20 @@ use rayshift_api::{
 };
 use serde_json::Value;
 
+/// `--drain-seconds`, the same for the controller and for the plans that preview it.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct Drain {
+    /// Seconds a cluster whose traffic went to 0 keeps its last replicas before its target_capacity goes to 0:
+    /// requests a gateway still sends it under the previous weights are served, not held by a Serve proxy with
+    /// no replica. A plan takes the controller's value. A RayService's rayshift.io/drain-seconds annotation wins.
+    #[arg(
+        long = "drain-seconds",
+        default_value_t = rayshift_api::upgrade_control::DEFAULT_DRAIN_SECONDS,
+        value_parser = clap::value_parser!(i64).range(0..)
+    )]
+    pub seconds: i64,
+}
+
 pub const EXIT_DENIED: u8 = 1;
 pub const EXIT_RUNTIME: u8 = 1;
 pub const EXIT_UNREADABLE: u8 = 2;

@@ -30,10 +30,8 @@ pub struct Args {
     /// stepSizePercent, what the controller assumes while it runs the upgrade.
     #[arg(long, value_parser = clap::value_parser!(i32).range(0..=100))]
     spare_capacity_percent: Option<i32>,
-    /// The controller's --drain-seconds, for a RayService without rayshift.io/drain-seconds (which wins):
-    /// how long the cluster that lost its traffic keeps its replicas before it goes to capacity 0.
-    #[arg(long, default_value_t = upgrade_control::DEFAULT_DRAIN_SECONDS, value_parser = clap::value_parser!(i64).range(0..))]
-    drain_seconds: i64,
+    #[command(flatten)]
+    drain: super::Drain,
     #[command(flatten)]
     defaults: DefaultsArgs,
     #[arg(short, long, value_enum, default_value_t)]
@@ -74,7 +72,7 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         println!("RayService {name} uses {what}; there is no incremental plan.");
         return Ok(ExitCode::SUCCESS);
     }
-    let Some(opts) = UpgradeOptions::of(&rs, args.drain_seconds) else {
+    let Some(opts) = UpgradeOptions::of(&rs, args.drain.seconds) else {
         eprintln!(
             "RayService {name}: clusterUpgradeOptions cannot make progress (need stepSizePercent and \
              maxSurgePercent in 1..100 and intervalSeconds >= 0); run `rayshift validate` for details"

@@ -121,6 +121,11 @@ impl Env {
     pub async fn deploy_annotated(&self, surge: i32, step: i32, interval: i32, annotations: Value) -> String {
         let mut rs = rayservice(surge, step, interval, "ray:1");
         rs["metadata"]["annotations"] = annotations;
+        self.deploy_rayservice(rs).await
+    }
+
+    /// Creates `rs` (a RayService named `llm`) and waits until its first cluster serves all traffic.
+    pub async fn deploy_rayservice(&self, rs: Value) -> String {
         let rs: RayService = serde_json::from_value(rs).unwrap();
         self.rayservices()
             .create(&PostParams::default(), &rs)

@@ -17,7 +17,7 @@ use kube::{
 use rayshift_api::{
     RayService, UpgradeType,
     upgrade::{self, UpgradeOptions, decide::observed_in_status},
-    upgrade_control::{self, DEFAULT_DRAIN_SECONDS, UPGRADE_CONTROL_ANNOTATION},
+    upgrade_control::{self, UPGRADE_CONTROL_ANNOTATION},
 };
 use serde_json::json;
 
@@ -76,9 +76,8 @@ enum PluginCommand {
         name: String,
         #[arg(short, long, value_enum, default_value_t)]
         output: Format,
-        /// The controller's --drain-seconds, for a RayService without rayshift.io/drain-seconds (which wins).
-        #[arg(long, default_value_t = DEFAULT_DRAIN_SECONDS, value_parser = clap::value_parser!(i64).range(0..))]
-        drain_seconds: i64,
+        #[command(flatten)]
+        drain: super::Drain,
     },
     /// Hold the running upgrade where it is (rayshift.io/upgrade-control=pause).
     Pause { name: String },
@@ -140,11 +139,9 @@ async fn run_against_cluster(plugin: Plugin) -> Result<ExitCode, CliError> {
             watch: true,
             output,
         } => follow(&client, &api, &name, output).await?,
-        PluginCommand::Plan {
-            name,
-            output,
-            drain_seconds,
-        } => print!("{}", plan(&api.get(&name).await?, drain_seconds, output)?),
+        PluginCommand::Plan { name, output, drain } => {
+            print!("{}", plan(&api.get(&name).await?, drain.seconds, output)?)
+        }
         PluginCommand::Pause { name } => control(Some("pause"), name).await?,
         PluginCommand::Resume { name } => control(None, name).await?,
         PluginCommand::Promote { name } => control(Some("promote"), name).await?,
