@@ -679,6 +679,50 @@ async fn its_own_gateway_goes_when_a_shared_one_takes_over_and_no_route_uses_it(
     );
 }
 
+/// A RayService with its own Gateway adopts a route of the user's that attaches to that Gateway: the adopted
+/// rule gets the backends, rayshift's own HTTPRoute goes (with an Event), and the Gateway stays, since the
+/// adopted route still uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopting_a_route_deletes_its_own_and_keeps_the_gateway_the_adopted_one_uses() {
+    let env = Env::new("adopting").await;
+    let active = env.deploy(50, 25, 1).await;
+    let mut route = user_route();
+    route["spec"]["parentRefs"] = json!([{"name": "llm-gateway", "sectionName": "http"}]);
+    env.create_raw::<HttpRoute>(&env.ns, route).await;
+    env.patch(json!({"metadata": {"annotations": {
+        "rayshift.io/http-route": "public", "rayshift.io/http-route-rule": "serve"}}}))
+        .await;
+    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    env.eventually("its own HTTPRoute gone", 30, || async {
+        routes
+            .get_opt("llm-httproute")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let adopted = env.raw::<HttpRoute>(&env.ns, "public").await;
+    let backends = &adopted["spec"]["rules"][1]["backendRefs"];
+    assert_eq!(backends[0]["name"], format!("{active}-serve-svc"), "{adopted:#}");
+    assert_eq!(backends[0]["weight"], 100, "{adopted:#}");
+    let notes = env.event_notes("DeletedHTTPRoute");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0]
+            .0
+            .contains("the adopted HTTPRoute public carries the traffic"),
+        "{notes:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &env.ns);
+    assert!(
+        gateways.get_opt("llm-gateway").await.unwrap().is_some(),
+        "the adopted route attaches to it"
+    );
+    assert!(env.event_notes("DeletedGateway").is_empty());
+}
+
 /// The user's route with a rule of its own (`docs`) before the one rayshift manages (`serve`).
 fn user_route() -> Value {
     json!({
