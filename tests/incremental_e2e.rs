@@ -587,15 +587,7 @@ async fn the_grpc_route_goes_when_serve_stops_serving_grpc() {
     assert!(env.event_notes("DeletedGRPCRoute").is_empty());
 
     env.patch(json!({"spec": {"serveConfigV2": plain}})).await;
-    env.eventually("the GRPCRoute gone", 30, || async {
-        routes
-            .get_opt("llm-grpcroute")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    env.gone::<GrpcRoute>("llm-grpcroute", 30).await;
     env.eventually("the Gateway without its grpc listener", 30, || async {
         (!listeners().await.contains(&"grpc".to_string())).then_some(())
     })
@@ -649,22 +641,11 @@ async fn its_own_gateway_goes_when_a_shared_one_takes_over_and_no_route_uses_it(
 
     let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
     routes.delete("docs", &Default::default()).await.unwrap();
-    env.eventually("the user's route gone from the cache", 10, || async {
-        routes.get_opt("docs").await.unwrap().is_none().then_some(())
-    })
-    .await;
+    env.gone::<HttpRoute>("docs", 10).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     env.patch(json!({"metadata": {"annotations": {"team": "platform"}}}))
         .await;
-    env.eventually("its own Gateway gone", 30, || async {
-        gateways
-            .get_opt("llm-gateway")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    env.gone::<Gateway>("llm-gateway", 30).await;
     let notes = env.event_notes("DeletedGateway");
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(
@@ -692,16 +673,7 @@ async fn adopting_a_route_deletes_its_own_and_keeps_the_gateway_the_adopted_one_
     env.patch(json!({"metadata": {"annotations": {
         "rayshift.io/http-route": "public", "rayshift.io/http-route-rule": "serve"}}}))
         .await;
-    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
-    env.eventually("its own HTTPRoute gone", 30, || async {
-        routes
-            .get_opt("llm-httproute")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    env.gone::<HttpRoute>("llm-httproute", 30).await;
     let adopted = env.raw::<HttpRoute>(&env.ns, "public").await;
     let backends = &adopted["spec"]["rules"][1]["backendRefs"];
     assert_eq!(backends[0]["name"], format!("{active}-serve-svc"), "{adopted:#}");

@@ -124,6 +124,22 @@ impl Env {
         self.deploy_rayservice(rs).await
     }
 
+    /// Waits until the `K` named `name` of this namespace is gone.
+    pub async fn gone<K>(&self, name: &str, secs: u64)
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), &self.ns);
+        let what = format!("{} {name} gone", K::kind(&()));
+        self.eventually(&what, secs, || async {
+            api.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
+    }
+
     /// Creates `rs` (a RayService named `llm`) and waits until its first cluster serves all traffic.
     pub async fn deploy_rayservice(&self, rs: Value) -> String {
         let rs: RayService = serde_json::from_value(rs).unwrap();
