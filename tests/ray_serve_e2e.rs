@@ -31,7 +31,7 @@ use support::{
     cluster::control_plane_beside_ray,
     controller::ControllerProcess,
     gpu_workers::{GpuWorkers, SERVE_GATE},
-    load::{GrpcLoad, Load, Response},
+    load::{CpuPressure, GrpcLoad, Load, Response},
     observer::Observer,
     prometheus::Prometheus,
     ray::{Call, RayHeads, replicas_at},
@@ -723,18 +723,29 @@ fn dipped_before_traffic(env: &Env, old: &str, new: &str, from: Instant) -> Vec<
     }
 }
 
-/// One phase's line of the summary table.
-fn phase_row(title: &str, ran: Duration, responses: &[Response], failed: usize) -> String {
+/// The summary table's head: a row per phase.
+const SUMMARY_HEADER: &str = "| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) | CPU pressure (%) |\n|---|---|---|---|---|---|---|---|\n";
+
+/// One phase's line of the summary table. The machine's CPU pressure over the phase tells a starved machine
+/// from a slow rayshift.
+fn phase_row(
+    title: &str,
+    ran: Duration,
+    responses: &[Response],
+    failed: usize,
+    pressure: &CpuPressure,
+) -> String {
     let mut l: Vec<Duration> = responses.iter().map(|r| r.latency).collect();
     l.sort();
     let q = |p: f64| l[((l.len() as f64 * p) as usize).min(l.len() - 1)].as_secs_f64() * 1e3;
     format!(
-        "| {title} | {} | {failed} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+        "| {title} | {} | {failed} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
         responses.len(),
         q(0.5),
         q(0.99),
         q(1.0),
-        ran.as_secs_f64()
+        ran.as_secs_f64(),
+        pressure.percent().map_or("–".into(), |p| format!("{p:.0}"))
     )
 }
 
@@ -749,11 +760,17 @@ impl Env {
         version: &str,
         twist: Twist,
     ) -> (String, Vec<String>) {
-        let load = Load::start(&self.gateway.url(), RATE, LATENCY_BOUND);
+        // With gRPC, HTTP and gRPC share the calls per second of every other phase: one Serve proxy (a Python
+        // process on the head) answers both. At 50 + 50 calls/s, a starved moment on 2 cores (a Ray head starting
+        // beside the serving one) left gRPC calls queued behind Traefik's 250 streams per connection for good,
+        // and from then on every call timed out (CI of 2026-11-26; locally with two busy loops beside the test).
+        let rate = if self.shape.grpc { RATE / 2 } else { RATE };
+        let pressure = CpuPressure::start();
+        let load = Load::start(&self.gateway.url(), rate, LATENCY_BOUND);
         let grpc = self
             .shape
             .grpc
-            .then(|| GrpcLoad::start(&self.gateway.grpc_address(), RATE, LATENCY_BOUND));
+            .then(|| GrpcLoad::start(&self.gateway.grpc_address(), rate, LATENCY_BOUND));
         let from = Instant::now();
         if twist == Twist::ResourceAware {
             self.annotate(RESOURCE_AWARE, json!("always")).await;
@@ -820,7 +837,8 @@ impl Env {
         problems.append(&mut problems_before);
         problems.extend(endpoints_checked(self, from, to));
         let failed = failures(&responses, phase.versions, from, &phase.routes).len();
-        self.summary.push_str(&phase_row(title, ran, &responses, failed));
+        self.summary
+            .push_str(&phase_row(title, ran, &responses, failed, &pressure));
         if let Some((ran, responses)) = grpc {
             let title = format!("{title} (gRPC)");
             let phase = Phase {
@@ -830,7 +848,8 @@ impl Env {
             };
             problems.extend(check_phase(self, &phase, from, to, ran, &responses));
             let failed = failures(&responses, phase.versions, from, &phase.routes).len();
-            self.summary.push_str(&phase_row(&title, ran, &responses, failed));
+            self.summary
+                .push_str(&phase_row(&title, ran, &responses, failed, &pressure));
         }
         let tail: Vec<_> = responses
             .iter()
@@ -968,7 +987,7 @@ async fn zero_downtime_through_traefik_upgrades_restart_abort_and_rollback() {
         "# Zero downtime through Traefik, real Ray Serve\n\nRay 2.60.0 heads (up in {} s), first deploy ready after {:.1} s. \
          Test wall time {:.1} s; machine memory in use: baseline {} MiB, peak {} MiB (+{} MiB). Traefik {} logged {} \
          errors (transient ones, such as a new serve Service whose EndpointSlice did not exist yet, are expected; \
-         failed requests are what counts):\n{}\n\n| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) |\n|---|---|---|---|---|---|---|\n{}{}",
+         failed requests are what counts):\n{}\n\n{SUMMARY_HEADER}{}{}",
         head_start.join(", "),
         deployed.as_secs_f64(),
         began.elapsed().as_secs_f64(),
@@ -1065,7 +1084,7 @@ async fn grpc_moves_with_http_through_traefik() {
     }
     problems.extend(evaluated_in_prometheus(&prometheus, &env.ns, began.elapsed()).await);
     let report = format!(
-        "# gRPC and HTTP through Traefik, real Ray Serve\n\n| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) |\n|---|---|---|---|---|---|---|\n{}{}",
+        "# gRPC and HTTP through Traefik, real Ray Serve\n\n{SUMMARY_HEADER}{}{}",
         env.summary, env.report
     );
     conclude(&env, problems, &report);
@@ -1246,7 +1265,7 @@ async fn slo_checks_pass_a_good_version_and_roll_back_a_failing_one() {
     }
     sync.abort();
     let report = format!(
-        "# SLO-gated steps, real Ray Serve and a real Prometheus\n\n| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) |\n|---|---|---|---|---|---|---|\n{}{}",
+        "# SLO-gated steps, real Ray Serve and a real Prometheus\n\n{SUMMARY_HEADER}{}{}",
         env.summary, env.report
     );
     conclude(&env, problems, &report);
@@ -1258,6 +1277,7 @@ impl Env {
     /// other than by the failing app's own 500, a rollback for another reason, the failing version taking no
     /// traffic, or traffic not back on `old`.
     async fn failing_phase(&mut self, old: &str, serving: &str, failing: &str) -> (String, Vec<String>) {
+        let pressure = CpuPressure::start();
         let load = Load::start(&self.gateway.url(), RATE, LATENCY_BOUND);
         let from = Instant::now();
         let new = self.start_upgrade(failing).await;
@@ -1309,7 +1329,7 @@ impl Env {
         }
         let title = format!("upgrade {serving} → {failing}, stopped by the error-ratio check");
         self.summary
-            .push_str(&phase_row(&title, ran, &others, failed.len()));
+            .push_str(&phase_row(&title, ran, &others, failed.len(), &pressure));
         let _ = write!(
             self.report,
             "\n## {title}\n\n{} requests in {:.1} s; {answered_by_failing} answered 500 by {failing} while it carried a share; {} of the other {} failed. Rollback: {}\n",
@@ -1373,7 +1393,7 @@ async fn resource_aware_upgrade_on_real_gpu_workers_under_load() {
             .map(|v| format!("invariant: {v}")),
     );
     let report = format!(
-        "# ResourceAware on real GPU workers\n\n| phase | requests | failed | p50 (ms) | p99 (ms) | max (ms) | for (s) |\n|---|---|---|---|---|---|---|\n{}{}",
+        "# ResourceAware on real GPU workers\n\n{SUMMARY_HEADER}{}{}",
         env.summary, env.report
     );
     conclude(&env, problems, &report);

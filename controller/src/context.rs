@@ -182,30 +182,9 @@ impl Caches {
         if self.namespace.as_deref().is_some_and(|scope| scope != ns) {
             return None;
         }
-        futures::FutureExt::now_or_never(self.routes.wait_until_ready())?.ok()?;
-        // A parentRef without kind or namespace names a Gateway of the route's own namespace.
-        let names = |kind: Option<&str>, namespace: Option<&str>, name: &str| {
-            kind.unwrap_or("Gateway") == "Gateway" && namespace.unwrap_or(ns) == ns && name == gateway
-        };
-        let mut attached: Vec<String> = (self.routes.state().iter())
-            .filter(|r| r.metadata.namespace.as_deref() == Some(ns))
-            .filter(|r| {
-                (r.spec.parent_refs.iter().flatten())
-                    .any(|p| names(p.kind.as_deref(), p.namespace.as_deref(), &p.name))
-            })
-            .map(|r| r.name_any())
-            .collect();
-        if futures::FutureExt::now_or_never(self.grpc_routes.wait_until_ready()).is_some_and(|r| r.is_ok()) {
-            let grpc = (self.grpc_routes.state().iter())
-                .filter(|r| r.metadata.namespace.as_deref() == Some(ns))
-                .filter(|r| {
-                    (r.spec.parent_refs.iter().flatten())
-                        .any(|p| names(p.kind.as_deref(), p.namespace.as_deref(), &p.name))
-                })
-                .map(|r| r.name_any())
-                .collect::<Vec<_>>();
-            attached.extend(grpc);
-        }
+        let mut attached = attached_in(&self.routes, ns, gateway)?;
+        // GRPCRoutes only where their watch synced (a cluster may not serve the GRPCRoute API).
+        attached.extend(attached_in(&self.grpc_routes, ns, gateway).into_iter().flatten());
         Some(attached)
     }
 
@@ -503,4 +482,43 @@ where
         Some(cached) => Ok(cached.map(|k| (*k).clone())),
         None => Ok(Api::<K>::namespaced(ctx.client.clone(), ns).get_opt(name).await?),
     }
+}
+
+/// The Gateways a route names as parents: (kind, namespace, name) of each parentRef.
+trait ParentRefs {
+    fn parents(&self) -> Vec<(Option<&str>, Option<&str>, &str)>;
+}
+
+macro_rules! parent_refs {
+    ($($route:ty),*) => {$(
+        impl ParentRefs for $route {
+            fn parents(&self) -> Vec<(Option<&str>, Option<&str>, &str)> {
+                (self.spec.parent_refs.iter().flatten())
+                    .map(|p| (p.kind.as_deref(), p.namespace.as_deref(), p.name.as_str()))
+                    .collect()
+            }
+        }
+    )*};
+}
+parent_refs!(
+    gateway_api::httproutes::HttpRoute,
+    gateway_api::grpcroutes::GrpcRoute
+);
+
+/// The routes of `ns` in `store` attached to Gateway `gateway` of `ns`; `None` until the store synced.
+fn attached_in<K>(store: &reflector::Store<K>, ns: &str, gateway: &str) -> Option<Vec<String>>
+where
+    K: Resource<DynamicType = ()> + ParentRefs + Clone + 'static,
+{
+    futures::FutureExt::now_or_never(store.wait_until_ready())?.ok()?;
+    // A parentRef without kind or namespace names a Gateway of the route's own namespace.
+    let names_it = |(kind, namespace, name): (Option<&str>, Option<&str>, &str)| {
+        kind.unwrap_or("Gateway") == "Gateway" && namespace.unwrap_or(ns) == ns && name == gateway
+    };
+    let attached = (store.state().iter())
+        .filter(|r| r.meta().namespace.as_deref() == Some(ns))
+        .filter(|r| r.parents().into_iter().any(names_it))
+        .map(|r| r.name_any())
+        .collect();
+    Some(attached)
 }

@@ -341,26 +341,20 @@ async fn apply_route(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceS
 async fn remove_unused_routing(p: &Pass<'_>, attachment: &Attachment) -> Result<()> {
     let rs = p.rs.name_any();
     let (route, grpc_route) = (children::route_name(&rs), children::grpc_route_name(&rs));
-    let elsewhere = match attachment {
-        Attachment::Owned => None,
-        Attachment::SharedGateway(gw) => Some(format!("the shared Gateway {}/{}", gw.namespace, gw.name)),
-        Attachment::AdoptedRoute { name, .. } => Some(format!("the adopted HTTPRoute {name}")),
-    };
-    let grpc_gone = match (&elsewhere, attachment) {
-        (Some(e), Attachment::AdoptedRoute { .. }) => Some(format!("{e} carries the traffic")),
-        _ => children::grpc_port(p.rs)
-            .is_none()
-            .then(|| "Serve has no gRPC port".to_string()),
+    let elsewhere =
+        (!matches!(attachment, Attachment::Owned)).then_some(Unused::TrafficElsewhere(attachment));
+    let grpc_gone = match attachment {
+        Attachment::AdoptedRoute { .. } => elsewhere,
+        _ => children::grpc_port(p.rs).is_none().then_some(Unused::NoGrpcPort),
     };
     if let Some(why) = grpc_gone {
-        delete_owned::<GrpcRoute>(p, &grpc_route, &why).await?;
+        delete_owned::<GrpcRoute>(p, &grpc_route, why).await?;
     }
-    let Some(elsewhere) = elsewhere else {
+    let Some(why) = elsewhere else {
         return Ok(());
     };
-    let why = format!("{elsewhere} carries the traffic");
     if matches!(attachment, Attachment::AdoptedRoute { name, .. } if *name != route) {
-        delete_owned::<HttpRoute>(p, &route, &why).await?;
+        delete_owned::<HttpRoute>(p, &route, why).await?;
     }
     let gateway = children::gateway_name(&rs);
     let Some(caches) = p.ctx.caches.as_ref() else {
@@ -373,14 +367,41 @@ async fn remove_unused_routing(p: &Pass<'_>, attachment: &Attachment) -> Result<
     let attached = caches.routes_attached_to(p.ns, &gateway);
     let others = attached.map(|names| names.iter().any(|n| *n != route && *n != grpc_route));
     if others == Some(false) {
-        delete_owned::<Gateway>(p, &gateway, &why).await?;
+        delete_owned::<Gateway>(p, &gateway, why).await?;
     }
     Ok(())
 }
 
+/// Why a routing object of the RayService is no longer used: the words of its deletion's Event, built only
+/// when something is deleted.
+#[derive(Clone, Copy)]
+enum Unused<'a> {
+    NoGrpcPort,
+    TrafficElsewhere(&'a Attachment),
+}
+
+impl std::fmt::Display for Unused<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unused::NoGrpcPort => f.write_str("Serve has no gRPC port"),
+            Unused::TrafficElsewhere(Attachment::Owned) => f.write_str("its own Gateway carries the traffic"),
+            Unused::TrafficElsewhere(Attachment::SharedGateway(gw)) => {
+                write!(
+                    f,
+                    "the shared Gateway {}/{} carries the traffic",
+                    gw.namespace, gw.name
+                )
+            }
+            Unused::TrafficElsewhere(Attachment::AdoptedRoute { name, .. }) => {
+                write!(f, "the adopted HTTPRoute {name} carries the traffic")
+            }
+        }
+    }
+}
+
 /// Deletes `name` if the cache holds it and this RayService owns it, with an Event. Only the cache is read, so
 /// a settled pass (or an apiserver that does not serve the kind) costs no request.
-async fn delete_owned<K>(p: &Pass<'_>, name: &str, why: &str) -> Result<()>
+async fn delete_owned<K>(p: &Pass<'_>, name: &str, why: Unused<'_>) -> Result<()>
 where
     K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone

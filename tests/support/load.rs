@@ -129,6 +129,7 @@ pub struct GrpcLoad {
     child: std::process::Child,
     out: tempfile::NamedTempFile,
     started: Instant,
+    timeout: Duration,
 }
 
 impl GrpcLoad {
@@ -151,6 +152,7 @@ impl GrpcLoad {
             child,
             out,
             started: Instant::now(),
+            timeout,
         }
     }
 
@@ -159,7 +161,16 @@ impl GrpcLoad {
         let ran = self.started.elapsed();
         signal::process(self.child.id(), Sig::TERM);
         let mut child = self.child;
-        let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap();
+        let pid = child.id();
+        let waiting = tokio::task::spawn_blocking(move || child.wait());
+        // grpc_load.py ends its last calls 5 s after their deadline; a process that still runs later is hung.
+        let status = match tokio::time::timeout(self.timeout + Duration::from_secs(20), waiting).await {
+            Ok(status) => status.unwrap(),
+            Err(_) => {
+                signal::process(pid, Sig::KILL);
+                panic!("grpc_load.py did not stop within 20 s of its calls' deadline");
+            }
+        };
         assert!(
             status.as_ref().is_ok_and(|s| s.success()),
             "grpc_load.py: {status:?}"
@@ -186,4 +197,35 @@ fn grpc_response(line: &str) -> Option<Response> {
         latency: Duration::from_secs_f64(v["latency"].as_f64()?),
         outcome,
     })
+}
+
+/// The machine's CPU pressure (Linux PSI, `/proc/pressure/cpu`, "some"): the share of wall time in which a
+/// runnable task waited for a CPU, since `start`.
+pub struct CpuPressure {
+    since: Instant,
+    waited_us: Option<u64>,
+}
+
+impl CpuPressure {
+    pub fn start() -> Self {
+        CpuPressure {
+            since: Instant::now(),
+            waited_us: cpu_waited_us(),
+        }
+    }
+
+    /// Percent of the wall time since `start`; `None` where the kernel has no PSI.
+    pub fn percent(&self) -> Option<f64> {
+        let waited = cpu_waited_us()?.checked_sub(self.waited_us?)?;
+        Some(100.0 * waited as f64 / self.since.elapsed().as_micros().max(1) as f64)
+    }
+}
+
+fn cpu_waited_us() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/pressure/cpu").ok()?;
+    let some = text.lines().find(|l| l.starts_with("some "))?;
+    some.split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?
+        .parse()
+        .ok()
 }

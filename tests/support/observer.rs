@@ -110,16 +110,14 @@ impl Seen {
 
 /// A route's weight per RayCluster, from the backendRefs to `<cluster>-serve-svc`: only those are rayshift's
 /// (an adopted route has rules of its own).
-fn route_weights(route: &HttpRoute) -> BTreeMap<String, i64> {
-    route
-        .spec
-        .rules
-        .iter()
-        .flatten()
-        .flat_map(|r| r.backend_refs.iter().flatten())
+/// Weight per RayCluster of a route's backends (`{cluster}-serve-svc`), an HTTPRoute or GRPCRoute as JSON.
+pub fn route_weights(route: &serde_json::Value) -> BTreeMap<String, i64> {
+    let rules = route["spec"]["rules"].as_array().into_iter().flatten();
+    rules
+        .flat_map(|r| r["backendRefs"].as_array().into_iter().flatten())
         .filter_map(|b| {
-            let cluster = b.name.strip_suffix("-serve-svc")?;
-            Some((cluster.to_string(), i64::from(b.weight.unwrap_or(1))))
+            let cluster = b["name"].as_str()?.strip_suffix("-serve-svc")?;
+            Some((cluster.to_string(), b["weight"].as_i64().unwrap_or(1)))
         })
         .collect()
 }
@@ -263,7 +261,7 @@ impl Observer {
             let mut stream = watcher(routes, cfg).default_backoff().applied_objects().boxed();
             while let Some(event) = stream.next().await {
                 let Ok(route) = event else { continue };
-                let weights = route_weights(&route);
+                let weights = route_weights(&serde_json::to_value(&route).unwrap_or_default());
                 let mut seen = s.lock().unwrap();
                 if seen.routes.last().is_some_and(|(_, w)| *w == weights) {
                     continue;

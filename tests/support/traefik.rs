@@ -282,18 +282,7 @@ fn accepted_by_traefik(route: &Value) -> bool {
         .any(|c| c["type"] == "Accepted" && c["status"] == "True" && &c["observedGeneration"] == generation)
 }
 
-/// Weight per RayCluster from the route's `<cluster>-serve-svc` backendRefs (1 when unset, as the API says).
-fn weights_of(route: &Value) -> BTreeMap<String, i64> {
-    let rules = route["spec"]["rules"].as_array().into_iter().flatten();
-    rules
-        .flat_map(|r| r["backendRefs"].as_array().into_iter().flatten())
-        .filter_map(|b| {
-            let cluster = b["name"].as_str()?.strip_suffix("-serve-svc")?;
-            Some((cluster.to_string(), b["weight"].as_i64().unwrap_or(1)))
-        })
-        .collect()
-}
-
+/// Records each generation of the routes with its weights, and when Traefik accepted it.
 async fn follow<K>(routes: Api<K>, seen: Arc<Mutex<Vec<RouteWeights>>>)
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug + Send + 'static,
@@ -315,7 +304,7 @@ where
                 generation,
                 seen: now,
                 accepted: None,
-                weights: weights_of(&route),
+                weights: super::observer::route_weights(&route),
             });
         }
         let last = seen.last_mut().expect("pushed above");

@@ -1,6 +1,7 @@
 """Open-loop gRPC load for the real-Ray test: calls /rayshift.test.Versioned/Version at RATE per second through
-ADDRESS (host:port) until SIGTERM, then waits for the calls in flight. One JSON line per call on stdout:
-`sent` (Unix seconds), `latency` (seconds), and `version` or `error`. No retries: a failure shows.
+ADDRESS (host:port) until SIGTERM, then waits for the calls in flight (one still open 5 s after its deadline is
+cancelled and reported). One JSON line per call on stdout: `sent` (Unix seconds), `latency` (seconds), and
+`version` or `error`. No retries: a failure shows.
 
     python grpc_load.py ADDRESS RATE TIMEOUT_SECONDS
 """
@@ -21,6 +22,9 @@ async def one(call, timeout):
         out = {"version": reply.value}
     except grpc.aio.AioRpcError as e:
         out = {"error": f"{e.code().name}: {e.details()}"}
+    except asyncio.CancelledError:
+        # Still open well past its deadline when the load stopped: a failure that shows, not a test that hangs.
+        out = {"error": "NEVER_ENDED: still open 5 s after its deadline"}
     out.update(sent=sent, latency=time.monotonic() - began)
     print(json.dumps(out), flush=True)
 
@@ -43,7 +47,11 @@ async def main(address, rate, timeout):
                 task = asyncio.create_task(one(call, timeout))
                 calls.add(task)
                 task.add_done_callback(calls.discard)
-        await asyncio.gather(*calls)
+        if calls:
+            _, late = await asyncio.wait(set(calls), timeout=timeout + 5)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late)
 
 
 if __name__ == "__main__":
