@@ -485,7 +485,7 @@ where
 }
 
 /// The Gateways a route names as parents: (kind, namespace, name) of each parentRef.
-trait ParentRefs {
+pub(crate) trait ParentRefs {
     fn parents(&self) -> Vec<(Option<&str>, Option<&str>, &str)>;
 }
 

@@ -29,7 +29,7 @@ use rayshift_api::{
 
 use crate::{
     children,
-    context::{self, Context, SERVE_CONFIG_ANNOTATION},
+    context::{self, Context, ParentRefs, SERVE_CONFIG_ANNOTATION},
     dashboard::{self, ServeStatus},
     error::{Error, Result},
     events::EventType,
@@ -579,18 +579,9 @@ fn route_carries(
 /// `(namespace, name)` of the Gateways the route attaches to.
 fn parent_gateways(p: &Pass<'_>, attachment: &Attachment, route: &HttpRoute) -> Vec<(String, String)> {
     match attachment {
-        Attachment::AdoptedRoute { .. } => route
-            .spec
-            .parent_refs
-            .iter()
-            .flatten()
-            .filter(|r| r.kind.as_deref().unwrap_or("Gateway") == "Gateway")
-            .map(|r| {
-                (
-                    r.namespace.clone().unwrap_or_else(|| p.ns.to_string()),
-                    r.name.clone(),
-                )
-            })
+        Attachment::AdoptedRoute { .. } => (route.parents().into_iter())
+            .filter(|(kind, _, _)| kind.unwrap_or("Gateway") == "Gateway")
+            .map(|(_, namespace, name)| (namespace.unwrap_or(p.ns).to_string(), name.to_string()))
             .collect(),
         Attachment::SharedGateway(gw) => vec![(gw.namespace.clone(), gw.name.clone())],
         Attachment::Owned => vec![(p.ns.to_string(), children::gateway_name(&p.rs.name_any()))],
