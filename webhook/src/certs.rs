@@ -27,7 +27,7 @@ use rcgen::{
 };
 
 use crate::{
-    error::{CertError, Error, Result},
+    error::{Error, Result},
     server::{MUTATE_PATH, VALIDATE_PATH},
 };
 
@@ -71,10 +71,6 @@ pub struct GeneratedFiles {
     pub tls_key: PathBuf,
 }
 
-fn cert_error(e: impl Into<CertError>) -> Error {
-    Error::Certs(e.into())
-}
-
 fn validity(params: &mut CertificateParams, days: i64) {
     let now = rcgen::date_time_ymd(1970, 1, 1) + std::time::Duration::from_secs(unix_now());
     // Backdate a little so clocks that are slightly behind still accept the certificate.
@@ -106,11 +102,9 @@ fn ca_params() -> CertificateParams {
 
 /// Writes a CA (unless `reuse_ca` and one exists in `out`) and a serving certificate signed by it.
 pub fn generate(req: &ServingCertRequest, out: &Path, reuse_ca: bool) -> Result<GeneratedFiles> {
-    fs::create_dir_all(out).map_err(|source| {
-        cert_error(CertError::CreateDir {
-            path: out.to_path_buf(),
-            source,
-        })
+    fs::create_dir_all(out).map_err(|source| Error::CreateDir {
+        path: out.to_path_buf(),
+        source,
     })?;
     let files = GeneratedFiles {
         ca_cert: out.join(CA_CERT),
@@ -119,18 +113,18 @@ pub fn generate(req: &ServingCertRequest, out: &Path, reuse_ca: bool) -> Result<
         tls_key: out.join(TLS_KEY),
     };
     let (ca_pem, ca_key) = if reuse_ca && files.ca_cert.exists() && files.ca_key.exists() {
-        let key = KeyPair::from_pem(&read(&files.ca_key)?).map_err(cert_error)?;
+        let key = KeyPair::from_pem(&read(&files.ca_key)?).map_err(Error::from)?;
         (read(&files.ca_cert)?, key)
     } else {
-        let key = KeyPair::generate().map_err(cert_error)?;
-        let cert = ca_params().self_signed(&key).map_err(cert_error)?;
+        let key = KeyPair::generate().map_err(Error::from)?;
+        let cert = ca_params().self_signed(&key).map_err(Error::from)?;
         write(&files.ca_cert, cert.pem().as_bytes(), false)?;
         write(&files.ca_key, key.serialize_pem().as_bytes(), true)?;
         (cert.pem(), key)
     };
-    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(cert_error)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(Error::from)?;
 
-    let mut params = CertificateParams::new(req.dns_names()).map_err(cert_error)?;
+    let mut params = CertificateParams::new(req.dns_names()).map_err(Error::from)?;
     params
         .subject_alt_names
         .extend(req.ips.iter().map(|ip| SanType::IpAddress(*ip)));
@@ -146,29 +140,25 @@ pub fn generate(req: &ServingCertRequest, out: &Path, reuse_ca: bool) -> Result<
     ];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     validity(&mut params, req.valid_days);
-    let key = KeyPair::generate().map_err(cert_error)?;
-    let cert = params.signed_by(&key, &issuer).map_err(cert_error)?;
+    let key = KeyPair::generate().map_err(Error::from)?;
+    let cert = params.signed_by(&key, &issuer).map_err(Error::from)?;
     write(&files.tls_key, key.serialize_pem().as_bytes(), true)?;
     write(&files.tls_cert, cert.pem().as_bytes(), false)?;
     Ok(files)
 }
 
 fn read(path: &Path) -> Result<String> {
-    fs::read_to_string(path).map_err(|source| {
-        cert_error(CertError::Read {
-            path: path.to_path_buf(),
-            source,
-        })
+    fs::read_to_string(path).map_err(|source| Error::ReadFile {
+        path: path.to_path_buf(),
+        source,
     })
 }
 
 /// Writes atomically (temp file + rename), so a server reloading the directory never sees half a file.
 fn write(path: &Path, bytes: &[u8], secret: bool) -> Result<()> {
-    let err = |source: std::io::Error| {
-        cert_error(CertError::Write {
-            path: path.to_path_buf(),
-            source,
-        })
+    let err = |source: std::io::Error| Error::WriteFile {
+        path: path.to_path_buf(),
+        source,
     };
     let tmp = path.with_extension("tmp");
     let mut opts = fs::OpenOptions::new();
@@ -324,7 +314,7 @@ pub fn webhook_configurations(req: &WebhookConfigRequest) -> Result<String> {
 
 /// k8s-openapi's structs serialize without apiVersion/kind unless wrapped; add them up front.
 fn typed_yaml(obj: &impl serde::Serialize, api_version: &str, kind: &str) -> Result<String> {
-    let body = serde_json::to_value(obj).map_err(cert_error)?;
+    let body = serde_json::to_value(obj).map_err(Error::EncodeManifest)?;
     let mut doc = serde_json::Map::new();
     doc.insert("apiVersion".into(), api_version.into());
     doc.insert("kind".into(), kind.into());
@@ -335,7 +325,7 @@ fn typed_yaml(obj: &impl serde::Serialize, api_version: &str, kind: &str) -> Res
                 .filter(|(k, _)| k != "apiVersion" && k != "kind"),
         );
     }
-    yaml_serde::to_string(&doc).map_err(cert_error)
+    yaml_serde::to_string(&doc).map_err(Error::from)
 }
 
 /// The base64 `caBundle` value of a PEM file, as it appears in the configurations.

@@ -12,10 +12,30 @@ pub enum Error {
     /// The body is not a RayService AdmissionReview: answered with HTTP 400.
     #[error(transparent)]
     BadRequest(#[from] BadRequest),
-    #[error("TLS: {0}")]
-    Tls(#[from] TlsError),
+    #[error("cannot read {}: {source}", path.display())]
+    ReadFile { path: PathBuf, source: std::io::Error },
+    #[error("cannot create {}: {source}", path.display())]
+    CreateDir { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {}: {source}", path.display())]
+    WriteFile { path: PathBuf, source: std::io::Error },
+    #[error("TLS: protocol versions: {0}")]
+    TlsProtocolVersions(#[source] rustls::Error),
+    #[error("TLS: certificate PEM: {0}")]
+    CertificatePem(#[source] rustls_pki_types::pem::Error),
+    #[error("TLS: certificate file holds no certificate")]
+    NoCertificate,
+    #[error("TLS: certificate: {0}")]
+    Certificate(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error("TLS: private key PEM: {0}")]
+    PrivateKeyPem(#[source] rustls_pki_types::pem::Error),
+    #[error("TLS: certificate and key do not match: {0}")]
+    KeyMismatch(#[source] rustls::Error),
     #[error("certificates: {0}")]
-    Certs(#[from] CertError),
+    GenerateCertificate(#[from] rcgen::Error),
+    #[error("certificates: cannot encode a manifest: {0}")]
+    EncodeManifest(#[source] serde_json::Error),
+    #[error("certificates: cannot write a manifest as YAML: {0}")]
+    ManifestYaml(#[from] yaml_serde::Error),
     #[error("cannot listen on {addr} for {what}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -67,40 +87,6 @@ pub enum BadRequest {
     ObjectNotKubernetes(#[source] serde_json::Error),
     #[error("request object is {0}")]
     ObjectNotARayService(#[source] NotARayService),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("protocol versions: {0}")]
-    ProtocolVersions(#[source] rustls::Error),
-    #[error("cannot read {}: {source}", path.display())]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("certificate PEM: {0}")]
-    CertificatePem(#[source] rustls_pki_types::pem::Error),
-    #[error("certificate file holds no certificate")]
-    NoCertificate,
-    #[error("certificate: {0}")]
-    Certificate(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
-    #[error("private key PEM: {0}")]
-    PrivateKeyPem(#[source] rustls_pki_types::pem::Error),
-    #[error("certificate and key do not match: {0}")]
-    KeyMismatch(#[source] rustls::Error),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum CertError {
-    #[error("cannot create {}: {source}", path.display())]
-    CreateDir { path: PathBuf, source: std::io::Error },
-    #[error("cannot read {}: {source}", path.display())]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("cannot write {}: {source}", path.display())]
-    Write { path: PathBuf, source: std::io::Error },
-    #[error("{0}")]
-    Generate(#[from] rcgen::Error),
-    #[error("{0}")]
-    Json(#[from] serde_json::Error),
-    #[error("{0}")]
-    Yaml(#[from] yaml_serde::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

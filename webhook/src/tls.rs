@@ -21,10 +21,7 @@ use rustls::{
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use tokio::sync::watch;
 
-use crate::{
-    error::{Error, TlsError},
-    metrics::Metrics,
-};
+use crate::{error::Error, metrics::Metrics};
 
 /// The pair in use, shared by every handshake.
 #[derive(Debug)]
@@ -100,7 +97,7 @@ impl CertStore {
     pub fn server_config(self: &Arc<Self>) -> Result<Arc<ServerConfig>, Error> {
         let mut config = ServerConfig::builder_with_provider(self.provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(TlsError::ProtocolVersions)?
+            .map_err(Error::TlsProtocolVersions)?
             .with_no_client_auth()
             .with_cert_resolver(Arc::new(Resolver(self.clone())));
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -109,11 +106,10 @@ impl CertStore {
 }
 
 fn read_error(path: &Path, e: std::io::Error) -> Error {
-    TlsError::Read {
+    Error::ReadFile {
         path: path.to_path_buf(),
         source: e,
     }
-    .into()
 }
 
 /// Parses a PEM chain and key into a rustls pair, checking they belong together; returns notAfter too.
@@ -124,12 +120,12 @@ pub fn certified_key(
 ) -> Result<(CertifiedKey, i64), Error> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
-        .map_err(TlsError::CertificatePem)?;
-    let leaf = chain.first().ok_or(TlsError::NoCertificate)?;
-    let (_, parsed) = x509_parser::parse_x509_certificate(leaf).map_err(TlsError::Certificate)?;
+        .map_err(Error::CertificatePem)?;
+    let leaf = chain.first().ok_or(Error::NoCertificate)?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(leaf).map_err(Error::Certificate)?;
     let not_after = parsed.validity().not_after.timestamp();
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(TlsError::PrivateKeyPem)?;
-    let certified = CertifiedKey::from_der(chain, key, provider).map_err(TlsError::KeyMismatch)?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(Error::PrivateKeyPem)?;
+    let certified = CertifiedKey::from_der(chain, key, provider).map_err(Error::KeyMismatch)?;
     Ok((certified, not_after))
 }
 
