@@ -108,9 +108,9 @@ impl Seen {
     }
 }
 
-/// A route's weight per RayCluster, from the backendRefs to `<cluster>-serve-svc`: only those are rayshift's
-/// (an adopted route has rules of its own).
-/// Weight per RayCluster of a route's backends (`{cluster}-serve-svc`), an HTTPRoute or GRPCRoute as JSON.
+/// A route's weight per RayCluster (an HTTPRoute or GRPCRoute, as JSON), from the backendRefs to
+/// `<cluster>-serve-svc`: only those are rayshift's (an adopted route has rules of its own). 1 when unset, as
+/// the API says.
 pub fn route_weights(route: &serde_json::Value) -> BTreeMap<String, i64> {
     let rules = route["spec"]["rules"].as_array().into_iter().flatten();
     rules

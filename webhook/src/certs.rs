@@ -113,18 +113,18 @@ pub fn generate(req: &ServingCertRequest, out: &Path, reuse_ca: bool) -> Result<
         tls_key: out.join(TLS_KEY),
     };
     let (ca_pem, ca_key) = if reuse_ca && files.ca_cert.exists() && files.ca_key.exists() {
-        let key = KeyPair::from_pem(&read(&files.ca_key)?).map_err(Error::from)?;
+        let key = KeyPair::from_pem(&read(&files.ca_key)?)?;
         (read(&files.ca_cert)?, key)
     } else {
-        let key = KeyPair::generate().map_err(Error::from)?;
-        let cert = ca_params().self_signed(&key).map_err(Error::from)?;
+        let key = KeyPair::generate()?;
+        let cert = ca_params().self_signed(&key)?;
         write(&files.ca_cert, cert.pem().as_bytes(), false)?;
         write(&files.ca_key, key.serialize_pem().as_bytes(), true)?;
         (cert.pem(), key)
     };
-    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(Error::from)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key)?;
 
-    let mut params = CertificateParams::new(req.dns_names()).map_err(Error::from)?;
+    let mut params = CertificateParams::new(req.dns_names())?;
     params
         .subject_alt_names
         .extend(req.ips.iter().map(|ip| SanType::IpAddress(*ip)));
@@ -140,8 +140,8 @@ pub fn generate(req: &ServingCertRequest, out: &Path, reuse_ca: bool) -> Result<
     ];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     validity(&mut params, req.valid_days);
-    let key = KeyPair::generate().map_err(Error::from)?;
-    let cert = params.signed_by(&key, &issuer).map_err(Error::from)?;
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
     write(&files.tls_key, key.serialize_pem().as_bytes(), true)?;
     write(&files.tls_cert, cert.pem().as_bytes(), false)?;
     Ok(files)
