@@ -20,6 +20,7 @@ mod schema;
 pub mod serve_grpc;
 pub mod slo;
 pub mod stall;
+pub mod template_view;
 pub mod upgrade;
 pub mod upgrade_control;
 pub mod validation;

@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::schema;
+use crate::{schema, template_view};
 
 /// Fields rayshift does not model, kept as written.
 pub type Extra = BTreeMap<String, Value>;
@@ -140,10 +140,17 @@ pub struct WorkerGroupSpec {
     pub extra: Extra,
 }
 
-/// A core/v1 PodTemplateSpec kept as raw JSON; typed reads go through the accessors.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// A core/v1 PodTemplateSpec kept as raw JSON; typed reads go through the accessors. Admission decodes
+/// only the fields the accessors read ([`template_view`]).
+#[derive(Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(transparent)]
 pub struct PodTemplate(#[schemars(schema_with = "schema::preserved_object")] pub Value);
+
+impl<'de> Deserialize<'de> for PodTemplate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        template_view::decode_template(d).map(Self)
+    }
+}
 
 /// A container of a [`PodTemplate`], read-only view.
 #[derive(Clone, Copy, Debug)]

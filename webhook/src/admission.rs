@@ -11,6 +11,7 @@ use kube::core::{
 };
 use rayshift_api::{
     defaulting::{self, UpgradeDefaults},
+    template_view::rules_view,
     validation::{self, Admitted, StoredObject, ValidationConfig, Verdict},
 };
 use serde::{
@@ -130,7 +131,7 @@ fn review_emptied(
     // Emptying only touches ASCII, so the emptied body is UTF-8 exactly when the body is.
     let text = utf8(emptied)?;
     match hook {
-        Hook::Validate => match serde_json::from_str(text).ok().and_then(v1_request) {
+        Hook::Validate => match rules_view(|| serde_json::from_str(text).ok()).and_then(v1_request) {
             Some(req) => admit(
                 req,
                 |response, object: Admitted, old: Option<StoredObject>, record| {

@@ -947,6 +947,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::template_view::rules_view;
 
     const C: &str = "spec.rayClusterConfig";
     const H: &str = "spec.rayClusterConfig.headGroupSpec";
@@ -969,8 +970,9 @@ mod tests {
         })
     }
 
+    /// The verdict on `spec`, decoded whole and, as admission decodes it, with the templates' rule fields
+    /// only: both must agree, or `template_view::RULE_FIELDS` misses a field a rule reads.
     fn check(spec: Value, annotations: &[(&str, &str)], gates: &[&str]) -> Verdict {
-        let spec: RayClusterSpec = serde_json::from_value(spec).expect("test spec deserializes");
         let annotations = annotations
             .iter()
             .map(|(k, x)| (k.to_string(), x.to_string()))
@@ -979,9 +981,20 @@ mod tests {
         for g in gates {
             cfg.feature_gates.set(g, true).expect("known gate");
         }
-        let mut v = Verdict::default();
-        validate_cluster_spec(&spec, &annotations, &cfg, &mut v);
-        v
+        let text = spec.to_string();
+        let verdicts = [false, true].map(|in_view| {
+            let decode = || serde_json::from_str::<RayClusterSpec>(&text).expect("test spec deserializes");
+            let spec = if in_view { rules_view(decode) } else { decode() };
+            let mut v = Verdict::default();
+            validate_cluster_spec(&spec, &annotations, &cfg, &mut v);
+            v
+        });
+        let [whole, viewed] = verdicts;
+        assert_eq!(
+            whole, viewed,
+            "the rule fields of the templates miss a field a rule reads"
+        );
+        whole
     }
 
     fn run(patches: &[Value], annotations: &[(&str, &str)], gates: &[&str]) -> Verdict {
