@@ -325,7 +325,7 @@ fn typed_yaml(obj: &impl serde::Serialize, api_version: &str, kind: &str) -> Res
                 .filter(|(k, _)| k != "apiVersion" && k != "kind"),
         );
     }
-    yaml_serde::to_string(&doc).map_err(Error::from)
+    Ok(yaml_serde::to_string(&doc)?)
 }
 
 /// The base64 `caBundle` value of a PEM file, as it appears in the configurations.
