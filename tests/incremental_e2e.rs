@@ -162,15 +162,30 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
         "pacing: {} steps, worst gap {worst:?}, worst lateness {lateness:?} (less observer delay)",
         gaps.len() + 1
     );
-    // Watch events reach the observer with a little jitter, so a step seen late makes the next gap look short
-    // by as much: credit each gap with the previous one's lateness. The planner itself never steps early.
+    // Never early, on the controller's own clock: the watch delivers each step with its own jitter (CI saw a
+    // first step delivered 57 ms later than the second), so observed gaps cannot show a step early by less.
+    let steps = observer.seen.lock().unwrap().step_times.clone();
+    let step_gaps: Vec<f64> = steps
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+        .collect();
+    assert_eq!(step_gaps.len(), 19, "step times in status: {steps:?}");
+    println!(
+        "pacing on the controller's clock: shortest gap {:.4} s",
+        step_gaps.iter().copied().fold(f64::INFINITY, f64::min)
+    );
+    assert!(
+        step_gaps.iter().all(|g| *g >= 1.0),
+        "a step came early: {step_gaps:?}"
+    );
+    // And as observed, allowing the watch its jitter: credit each gap with the previous one's lateness.
     let credited = gaps
         .iter()
         .zip(std::iter::once(&Duration::ZERO).chain(gaps.iter()))
         .map(|(g, prev)| *g + prev.saturating_sub(Duration::from_secs(1)));
     assert!(
-        credited.into_iter().all(|g| g >= Duration::from_millis(950)),
-        "a step came early: {gaps:?}"
+        credited.into_iter().all(|g| g >= Duration::from_millis(800)),
+        "a step was seen early: {gaps:?}"
     );
     assert!(
         lateness <= Duration::from_millis(100),

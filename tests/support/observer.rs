@@ -58,6 +58,9 @@ pub struct Seen {
     /// Latest target capacity per cluster from the RayService status.
     pub capacity: BTreeMap<String, i64>,
     pub peak_total_capacity: i64,
+    /// Each distinct `status.lastTrafficStepTime`: the controller's own clock at each traffic step, free of
+    /// the watch's delivery jitter.
+    pub step_times: Vec<jiff::Timestamp>,
     pub rayservice_versions: usize,
     /// Every RayCluster of the namespace that existed while watched (a duplicate shows up here).
     pub clusters: std::collections::BTreeSet<String>,
@@ -214,6 +217,11 @@ impl Observer {
                 last_rv = version;
                 seen.rayservice_versions += 1;
                 let status = rs.status.clone().unwrap_or_default();
+                if let Some(t) = status.progress.last_traffic_step_time
+                    && seen.step_times.last() != Some(&t)
+                {
+                    seen.step_times.push(t);
+                }
                 let mut total = 0;
                 let mut traffic = 0;
                 let sides = [
