@@ -62,8 +62,8 @@ if [ "$what" = all ] || [ "$what" = scale ]; then
   echo "|---|---|---|---|---|---|---|---|---|"
   cat "$report"
   echo
-  echo "| RayServices | namespaces | upgrades at once | traffic steps | lateness p50 / p99 / max ms | steps ≤ 100 ms late |"
-  echo "|---|---|---|---|---|---|"
+  echo "| RayServices | namespaces | upgrades at once | traffic steps | lateness p50 / p99 / max ms | steps ≤ 100 ms late | on the controller's clock: traffic steps | lateness p50 / p99 / max ms | steps ≤ 100 ms late |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   cat "$upgrades"
   step "plot: benchmarks/scale.png (matplotlib $matplotlib_version, in a venv of its own, installed once, cached)"
   plot_venv="${XDG_CACHE_HOME:-$HOME/.cache}/rayshift/plot-matplotlib-$matplotlib_version"

@@ -253,6 +253,40 @@ async fn first_deployment_becomes_ready() {
     assert!(described.contains("Created RayCluster"), "{described}");
 }
 
+/// The controller talks HTTP/2 to kube-apiserver: its watches and writes share one connection, where kube's
+/// HTTP/1.1 stack holds one per watch and per request in flight (`--kube-api-http2=false`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_watches_share_one_http2_connection() {
+    let env = Env::new("http2").await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    env.ready("llm").await;
+    let port: u16 = env
+        .cp
+        .server
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let http2 = env.controller.connections_to(port);
+    let ns = env.cp.namespace(&env.client, "http1").await;
+    let http1 = ControllerProcess::start(
+        env.cp,
+        &ns,
+        &env.dashboard.url_template(),
+        &["--kube-api-http2=false"],
+    );
+    env.eventually("the HTTP/1.1 controller ready", 30, || async {
+        (http1.readyz() == 200).then_some(())
+    })
+    .await;
+    let http1 = http1.connections_to(port);
+    println!("connections to the apiserver: HTTP/2 {http2}, HTTP/1.1 {http1}");
+    assert!((1..=2).contains(&http2), "HTTP/2: {http2} connections");
+    assert!(http1 >= 5, "HTTP/1.1: {http1} connections (one per watch)");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_cluster_upgrade_switches_only_to_a_ready_cluster_and_deletes_the_old_one_after_the_delay() {
     let env = Env::new("bluegreen").await;

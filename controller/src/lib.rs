@@ -1,5 +1,6 @@
 //! rayshift's RayService controller (kube-runtime): observe → plan (pure, in `rayshift-api`) → apply.
 
+pub mod apiserver;
 pub mod children;
 pub mod cluster_records;
 pub mod context;

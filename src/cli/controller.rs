@@ -9,7 +9,7 @@ use kube::{
 use prometheus::Registry;
 use rayshift_api::upgrade_control::ResourceAwareMode;
 use rayshift_api::{FeatureGates, rayservice::RAYSHIFT_MANAGER};
-use rayshift_controller::{ControllerOptions, Mode, dashboard};
+use rayshift_controller::{ControllerOptions, Mode, apiserver, dashboard};
 
 use super::{
     CliError, DeadlineArgs, GateArgs, duration_at_least, logging::LogArgs, runtime, serve_metrics, shutdown,
@@ -27,6 +27,10 @@ pub struct ControllerArgs {
     /// Kubeconfig file; in-cluster configuration (or KUBECONFIG) when unset.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// Talk HTTP/2 to kube-apiserver when it offers it (one connection for every request and watch, as
+    /// client-go); false keeps kube-rs's HTTP/1.1 stack, a connection per request in flight.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    kube_api_http2: bool,
     /// Watch only this namespace (default: all namespaces).
     #[arg(long = "namespace", env = "RAYSHIFT_WATCH_NAMESPACE")]
     namespace: Option<String>,
@@ -183,7 +187,12 @@ impl ControllerArgs {
             }
             None => Config::infer().await?,
         };
-        Client::try_from(config).map_err(CliError::Client)
+        let protocol = if self.kube_api_http2 {
+            apiserver::Protocol::Http2
+        } else {
+            apiserver::Protocol::Http1
+        };
+        apiserver::client(config, protocol).map_err(CliError::Client)
     }
 }
 

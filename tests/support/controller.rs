@@ -106,6 +106,32 @@ impl ControllerProcess {
             .sum()
     }
 
+    /// The process's established TCP connections to `port` (its sockets, matched in the kernel's tables).
+    pub fn connections_to(&self, port: u16) -> usize {
+        let pid = self.child.id();
+        let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|dir| {
+                dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                    .filter_map(|l| {
+                        let l = l.to_string_lossy().into_owned();
+                        Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let remote_port = format!(":{port:04X}");
+        ["tcp", "tcp6"]
+            .iter()
+            .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+            .flat_map(|table| table.lines().skip(1).map(str::to_string).collect::<Vec<_>>())
+            .filter(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                // Fields: sl, local, remote, state (01 established), ..., inode (the 10th).
+                f.len() > 9 && f[2].ends_with(&remote_port) && f[3] == "01" && inodes.contains(f[9])
+            })
+            .count()
+    }
+
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().ok().flatten().is_none()
     }
