@@ -7,7 +7,8 @@
 //! Then RAYSHIFT_SCALE_UPGRADES (default 5) of the incremental RayServices are upgraded at once (a new head image):
 //! every one must complete with the invariant observer seeing no broken invariant, and each traffic step's
 //! lateness is reported. `scripts/bench.sh scale` runs 10, 100 and 1,000 (50 upgrades at 1,000);
-//! RAYSHIFT_SCALE_CONCURRENCY sets the controller's `--concurrency` (else its default).
+//! RAYSHIFT_SCALE_CONCURRENCY sets the controller's `--concurrency` (else its default), and
+//! RAYSHIFT_SCALE_CONTROLLER_ARGS adds flags (space-separated).
 //!
 //! Test stand-in: RayCluster status and head Pods come from `stand_in` below, not from the KubeRay operator, and
 //! every dashboard from one fake dashboard. The real operator with kwok would need a fake node per 110 Pods and a
@@ -303,6 +304,9 @@ async fn rayservices_at_scale_become_ready_and_settle() {
     if !concurrency.is_empty() {
         args.extend(["--concurrency", &concurrency]);
     }
+    // More controller flags, space-separated (e.g. `--kube-api-http2=false`, to compare).
+    let extra = std::env::var("RAYSHIFT_SCALE_CONTROLLER_ARGS").unwrap_or_default();
+    args.extend(extra.split_whitespace());
     // Watched, not listed: a LIST of 1,000 RayServices every 250 ms was the apiserver's own load, not rayshift's.
     let rayservices = watched_rayservices(&client).await;
     let mut controller = ControllerProcess::start(cp, "", &dashboard.url_template(), &args);
