@@ -164,12 +164,12 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
     );
     // Never early, on the controller's own clock: the watch delivers each step with its own jitter (CI saw a
     // first step delivered 57 ms later than the second), so observed gaps cannot show a step early by less.
-    let steps = observer.seen.lock().unwrap().step_times.clone();
-    let step_gaps: Vec<f64> = steps
-        .windows(2)
-        .map(|w| w[1].duration_since(w[0]).as_secs_f64())
-        .collect();
-    assert_eq!(step_gaps.len(), 19, "step times in status: {steps:?}");
+    let step_gaps = observer.step_gaps();
+    assert_eq!(
+        step_gaps.len(),
+        19,
+        "gaps between step times in status: {step_gaps:?}"
+    );
     let shortest = step_gaps.iter().copied().fold(f64::INFINITY, f64::min);
     let longest = step_gaps.iter().copied().fold(0.0, f64::max);
     println!("pacing on the controller's clock: gaps {shortest:.4}–{longest:.4} s");

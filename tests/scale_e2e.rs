@@ -469,12 +469,8 @@ async fn upgrade_at_once(
     let mut lateness = Vec::new();
     let mut decided = Vec::new();
     for ((observer, cluster), (ns, name)) in observers.iter().zip(&promoted).zip(targets) {
-        let steps = observer.seen.lock().unwrap().step_times.clone();
-        decided.extend(
-            steps
-                .windows(2)
-                .map(|w| (w[1].duration_since(w[0]).as_secs_f64() - INTERVAL_SECONDS as f64) * 1000.0),
-        );
+        let gaps = observer.step_gaps().into_iter();
+        decided.extend(gaps.map(|gap| (gap - INTERVAL_SECONDS as f64) * 1000.0));
         assert_eq!(observer.violations(), Vec::<String>::new(), "{ns}/{name}");
         let raises = observer.raises(cluster);
         assert_eq!(raises.last().map(|r| r.1), Some(100), "{ns}/{name}: {raises:?}");

@@ -358,6 +358,15 @@ impl Observer {
         out
     }
 
+    /// Seconds between consecutive traffic steps on the controller's own clock (`status.lastTrafficStepTime`).
+    pub fn step_gaps(&self) -> Vec<f64> {
+        let seen = self.seen.lock().unwrap();
+        seen.step_times
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+            .collect()
+    }
+
     /// Times at which a given cluster's weight rose, in order.
     pub fn raises(&self, cluster: &str) -> Vec<(Instant, i64)> {
         let seen = self.seen.lock().unwrap();
