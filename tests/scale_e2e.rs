@@ -350,6 +350,7 @@ async fn rayservices_at_scale_become_ready_and_settle() {
     };
     let lines: Vec<&str> = at_ready.lines().filter(counted).collect();
     eprintln!("writes and reconcile errors until Ready:\n{}", lines.join("\n"));
+    eprintln!("passes timed out until Ready: {}", timed_out(&controller.logs()));
 
     // Settled: whatever the controller does from one health period on is the steady state.
     tokio::time::sleep(Duration::from_secs_f64(HEALTH_SECONDS)).await;
@@ -401,6 +402,28 @@ async fn rayservices_at_scale_become_ready_and_settle() {
         ready_after < Duration::from_secs(60),
         "Ready after {ready_after:?}"
     );
+}
+
+/// The passes abandoned at their timeout, counted by what each was last waiting on (its error names it).
+fn timed_out(logs: &str) -> String {
+    let mut by_wait = std::collections::BTreeMap::<&str, usize>::new();
+    for line in logs.lines().filter(|l| l.contains("did not finish within")) {
+        let wait = line
+            .split_once("last waiting on ")
+            .and_then(|(_, rest)| rest.split_once(": abandoned"))
+            .map_or("?", |(w, _)| w);
+        *by_wait.entry(wait).or_default() += 1;
+    }
+    let counts: Vec<String> = by_wait.iter().map(|(w, n)| format!("{n} on {w}")).collect();
+    format!(
+        "{}{}",
+        by_wait.values().sum::<usize>(),
+        if counts.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", counts.join(", "))
+        }
+    )
 }
 
 /// Starts the upgrades of `targets` at once (a new head image), waits until every one has promoted its new

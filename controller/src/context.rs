@@ -3,6 +3,7 @@
 //! (read it, apply it). Both the reconcile and the incremental step use it; it uses neither.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
     time::Duration,
@@ -30,6 +31,7 @@ use crate::{
     health_timer::HealthTimer,
     label_index::LabelIndex,
     metrics::{Metrics, ServiceView},
+    waiting::{self, Waiting},
 };
 
 /// What the controller does with the RayServices it sees.
@@ -232,6 +234,7 @@ impl Found<'_> {
     where
         K: Resource<DynamicType = ()> + Clone + 'static,
     {
+        waiting::on(Waiting::Cache(kind));
         store
             .wait_until_ready()
             .await
@@ -330,9 +333,11 @@ impl Context {
 
     /// Right before every write: only the leader writes (a replica that lost its Lease mid-pass stops here),
     /// and the write is counted.
-    pub(crate) fn before_write(&self, kind: &str, verb: &str) -> Result<()> {
+    pub(crate) fn before_write(&self, kind: impl Into<Cow<'static, str>>, verb: &'static str) -> Result<()> {
         self.ensure_leader()?;
-        self.metrics.api_write(kind, verb);
+        let kind = kind.into();
+        self.metrics.api_write(&kind, verb);
+        waiting::on(Waiting::api(verb, kind));
         Ok(())
     }
 
@@ -459,7 +464,7 @@ where
     if existing.is_some_and(|k| k.annotations().get(APPLIED_ANNOTATION) == Some(&digest)) {
         return Ok(());
     }
-    ctx.before_write(&K::kind(&()), "apply")?;
+    ctx.before_write(K::kind(&()), "apply")?;
     api.patch(
         &name,
         &PatchParams::apply(&ctx.options.field_manager).force(),
@@ -480,7 +485,10 @@ where
 {
     match ctx.caches.as_ref().and_then(|c| c.child::<K>(ns, name)) {
         Some(cached) => Ok(cached.map(|k| (*k).clone())),
-        None => Ok(Api::<K>::namespaced(ctx.client.clone(), ns).get_opt(name).await?),
+        None => {
+            waiting::on(Waiting::api("get", K::kind(&())));
+            Ok(Api::<K>::namespaced(ctx.client.clone(), ns).get_opt(name).await?)
+        }
     }
 }
 

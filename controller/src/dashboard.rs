@@ -13,6 +13,7 @@ use serde_json::Value;
 use crate::{
     error::{DashboardFailure, Error, Result},
     metrics::Metrics,
+    waiting::{self, Waiting},
 };
 
 pub const DEFAULT_URL_TEMPLATE: &str = "http://{cluster}-head-svc.{namespace}.svc.cluster.local:8265";
@@ -206,7 +207,9 @@ impl Dashboard {
     /// Whether the Serve proxy on a head Pod answers `GET /-/healthz` with 200: directly (`template`, with
     /// `{podIP}`, `{port}`, `{pod}`, `{cluster}`, `{namespace}`) or through the apiserver's Pod proxy.
     pub async fn proxy_healthy(&self, template: &str, head: &HeadProxy<'_>) -> bool {
+        waiting::on(Waiting::DashboardSlot);
         let _permit = self.in_flight.acquire().await;
+        waiting::on(Waiting::Dashboard("healthz"));
         let timer = self.metrics.dashboard_latency("healthz");
         let healthy = match &self.route {
             Route::Template(_) => {
@@ -264,7 +267,9 @@ impl Dashboard {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
             }
+            waiting::on(Waiting::DashboardSlot);
             let permit = self.in_flight.acquire().await;
+            waiting::on(Waiting::Dashboard(op));
             let timer = self.metrics.dashboard_latency(op);
             let result = match &self.route {
                 Route::Template(_) => self.direct(&method, &url, body.clone()).await,

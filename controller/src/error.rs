@@ -59,8 +59,11 @@ pub enum Error {
     CacheClosed(&'static str),
     #[error("the RayCluster cache lags behind the apiserver: the pass is retried before anything is created")]
     CacheBehind,
-    #[error("the pass did not finish within {0:?}: abandoned and retried (a request got no answer)")]
-    PassTimedOut(std::time::Duration),
+    #[error("the pass did not finish within {after:?}, last waiting on {waiting}: abandoned and retried")]
+    PassTimedOut {
+        after: std::time::Duration,
+        waiting: crate::waiting::Waiting,
+    },
 }
 
 impl Error {
@@ -83,7 +86,7 @@ impl Error {
             Error::Metrics(_) => "metrics",
             Error::NotLeader => "not_leader",
             Error::CacheClosed(_) | Error::CacheBehind => "cache",
-            Error::PassTimedOut(_) => "timeout",
+            Error::PassTimedOut { .. } => "timeout",
         }
     }
 }

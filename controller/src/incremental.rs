@@ -33,6 +33,7 @@ use crate::{
     dashboard::{self, ServeStatus},
     error::{Error, Result},
     events::EventType,
+    waiting::{self, Waiting},
 };
 
 /// How long before a traffic step is due the pass that makes it starts. Without it a step lands when a pass
@@ -245,6 +246,7 @@ async fn pending_stall(p: &Pass<'_>, cluster: &str) -> Result<Option<rayshift_ap
     }
     let pods: Api<Pod> = Api::namespaced(p.ctx.client.clone(), p.ns);
     let selector = format!("{}={cluster}", children::CLUSTER_LABEL);
+    waiting::on(Waiting::api("list", "Pod"));
     let list = pods.list(&ListParams::default().labels(&selector)).await?;
     let stall = rayshift_api::stall::of(&list.items);
     p.ctx.records().set_stall(&owner, cluster, stall.clone());
@@ -418,7 +420,7 @@ where
         return Ok(());
     }
     let kind = K::kind(&());
-    p.ctx.before_write(&kind, "delete")?;
+    p.ctx.before_write(kind.clone(), "delete")?;
     let api: Api<K> = Api::namespaced(p.ctx.client.clone(), p.ns);
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => {}
@@ -446,6 +448,7 @@ async fn patch_adopted_route(
     }
     // Patched from a fresh read: its resourceVersion test fails (422) on a cache one write behind.
     let routes = Api::<HttpRoute>::namespaced(p.ctx.client.clone(), p.ns);
+    waiting::on(Waiting::api("get", "HTTPRoute"));
     let Some(patch) = patch_for_adopted_route(routes.get_opt(name).await?, name, rule, &backends)? else {
         return Ok(());
     };

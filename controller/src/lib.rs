@@ -15,6 +15,7 @@ pub mod metrics;
 mod rayservice_gauges;
 pub mod reconcile;
 pub mod slo;
+pub mod waiting;
 
 use std::{sync::Arc, time::Duration};
 

@@ -38,6 +38,7 @@ use crate::{
     events::EventType,
     health_timer::{Baseline, ProxyAddress, ServingCluster},
     metrics::ServiceView,
+    waiting::{self, Waiting},
 };
 
 /// What was seen of one cluster this pass.
@@ -65,10 +66,16 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         rayservice = %cached.name_any(),
         namespace = %cached.namespace().unwrap_or_default()
     );
-    let pass = tracing::Instrument::instrument(pass(&cached, &ctx), span);
+    let tracker = waiting::Tracker::default();
+    let pass = tracing::Instrument::instrument(tracker.run(pass(&cached, &ctx)), span);
     let result = tokio::time::timeout(PASS_TIMEOUT, pass)
         .await
-        .unwrap_or(Err(Error::PassTimedOut(PASS_TIMEOUT)));
+        .unwrap_or_else(|_| {
+            Err(Error::PassTimedOut {
+                after: PASS_TIMEOUT,
+                waiting: tracker.last(),
+            })
+        });
     // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
         ctx.metrics
@@ -171,6 +178,7 @@ async fn current(cached: &RayService, ctx: &Context) -> Result<Option<RayService
     let rs = if ctx.is_known_version(cached) {
         cached.clone()
     } else {
+        waiting::on(Waiting::api("get", "RayService"));
         let read = Api::<RayService>::namespaced(ctx.client.clone(), &ns)
             .get_opt(&cached.name_any())
             .await?;
@@ -284,6 +292,7 @@ async fn observe(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses) 
 
 async fn list_clusters(ctx: &Context, ns: &str, rs: &str) -> Result<Vec<RayCluster>> {
     let params = ListParams::default().labels(&children::cluster_selector(rs));
+    waiting::on(Waiting::api("list", "RayCluster"));
     Ok(Api::<RayCluster>::namespaced(ctx.client.clone(), ns)
         .list(&params)
         .await?
@@ -678,6 +687,7 @@ async fn head_health(ctx: &Context, ns: &str, cluster: &RayCluster) -> Result<(b
         None => {
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
             let selector = format!("{CLUSTER_LABEL}={name},{NODE_TYPE_LABEL}=head");
+            waiting::on(Waiting::api("list", "Pod"));
             pods.list(&ListParams::default().labels(&selector)).await?.items
         }
     };
@@ -807,6 +817,7 @@ fn pod_ready(pod: &Pod) -> bool {
 /// Serving Pods behind the serve Service (Ready and selected by it).
 async fn serve_endpoints(client: &Client, ns: &str, cluster: &str) -> Result<i32> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    waiting::on(Waiting::api("list", "Pod"));
     let list = pods
         .list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={cluster},{SERVE_LABEL}=true")))
         .await?;
@@ -1059,6 +1070,7 @@ fn scale_patch(rs: &RayService, cluster: &RayCluster) -> Value {
 /// The cluster the serve Service selects now, if any.
 async fn serving_cluster(client: &Client, rs: &RayService) -> Result<Option<String>> {
     let services: Api<Service> = Api::namespaced(client.clone(), &rs.namespace().unwrap_or_default());
+    waiting::on(Waiting::api("get", "Service"));
     let svc = services.get_opt(&children::serve_service_name(rs)).await?;
     Ok(svc
         .and_then(|s| s.spec)
@@ -1136,6 +1148,7 @@ async fn gateway_api_available(ctx: &Context, ns: &str) -> bool {
         return true;
     }
     let routes: Api<gateway_api::httproutes::HttpRoute> = Api::namespaced(ctx.client.clone(), ns);
+    waiting::on(Waiting::api("list", "HTTPRoute"));
     let ok = routes.list(&ListParams::default().limit(1)).await.is_ok();
     ctx.gateway_api.store(ok, Ordering::Relaxed);
     ok

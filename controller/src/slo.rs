@@ -55,6 +55,7 @@ impl Prometheus {
 
     /// The query's value now.
     pub async fn query(&self, promql: &str) -> Reading {
+        crate::waiting::on(crate::waiting::Waiting::Prometheus);
         let sent = self.http.get(&self.query_url).query(&[("query", promql)]).send();
         let answer = match sent.await {
             Ok(response) => response.json::<Answer>().await,
