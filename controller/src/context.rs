@@ -81,9 +81,8 @@ pub struct ControllerOptions {
 }
 
 /// A pass mostly waits on the apiserver and dashboards, so a few per core keep two cores busy; unbounded,
-/// a controller starting beside 1,000 RayServices opens a connection per pass at once. Not 16: faster to
-/// Ready at 1,000, but the client stall (a pass waiting 30 s for its connection) came back in 2 of 4 runs of
-/// 30 RayServices (BENCHMARKS.md, scale).
+/// a controller starting beside 1,000 RayServices sends a request per pass at once. 16 was not faster to Ready
+/// at 1,000 once the apiserver's CPU was the bound (BENCHMARKS.md, scale).
 pub const DEFAULT_CONCURRENCY: u16 = 8;
 
 impl Default for ControllerOptions {
@@ -143,9 +142,11 @@ pub struct Context {
 #[derive(Clone)]
 pub struct Caches {
     pub clusters: reflector::Store<RayCluster>,
+    pub clusters_listed: Listed,
     /// Cluster names by their RayService (KubeRay's `ray.io/originated-from-cr-name`).
     pub clusters_by_owner: LabelIndex,
     pub heads: reflector::Store<Pod>,
+    pub heads_listed: Listed,
     /// Head Pod names by their cluster (`ray.io/cluster`).
     pub heads_by_cluster: LabelIndex,
     /// The Services rayshift creates (KubeRay's association labels).
@@ -199,7 +200,9 @@ impl Caches {
             value: rs,
             wanted: &wanted,
         };
-        found.in_store(&self.clusters, "RayCluster").await
+        found
+            .in_store(&self.clusters, &self.clusters_listed, "RayCluster")
+            .await
     }
 
     /// The head Pods of a cluster.
@@ -214,7 +217,36 @@ impl Caches {
             value: cluster,
             wanted: &wanted,
         };
-        found.in_store(&self.heads, "Pod").await
+        found.in_store(&self.heads, &self.heads_listed, "Pod").await
+    }
+}
+
+/// Whether a cache has had its first list, for any number of tasks to wait on. kube-runtime's
+/// `Store::wait_until_ready` keeps one waker (a oneshot's): of passes waiting there in tasks of their own, only
+/// the last to poll was woken, and the others waited for their timeout (BENCHMARKS.md, the stall). So one task
+/// waits there and passes wait here.
+#[derive(Clone)]
+pub struct Listed(tokio::sync::watch::Receiver<bool>);
+
+impl Listed {
+    /// Must be made before anything else waits on `store`, and nothing else may wait on it.
+    pub fn of<K>(store: &reflector::Store<K>) -> Self
+    where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let store = store.clone();
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                let _ = tx.send(true);
+            }
+        });
+        Listed(rx)
+    }
+
+    /// False when the cache's writer is gone without a first list.
+    async fn wait(&self) -> bool {
+        self.0.clone().wait_for(|listed| *listed).await.is_ok()
     }
 }
 
@@ -230,15 +262,19 @@ struct Found<'a> {
 impl Found<'_> {
     /// The matching objects of `store`, once it has its first list: by name from the index, or by a scan
     /// while the index has not listed yet (it follows the store by a moment).
-    async fn in_store<K>(&self, store: &reflector::Store<K>, kind: &'static str) -> Result<Vec<K>>
+    async fn in_store<K>(
+        &self,
+        store: &reflector::Store<K>,
+        listed: &Listed,
+        kind: &'static str,
+    ) -> Result<Vec<K>>
     where
         K: Resource<DynamicType = ()> + Clone + 'static,
     {
         waiting::on(Waiting::Cache(kind));
-        store
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::CacheClosed(kind))?;
+        if !listed.wait().await {
+            return Err(Error::CacheClosed(kind));
+        }
         let matches = |k: &K| {
             k.meta().namespace.as_deref() == Some(self.ns)
                 && self.wanted.iter().all(|(key, v)| k.labels().get(key) == Some(v))
@@ -529,4 +565,44 @@ where
         .map(|r| r.name_any())
         .collect();
     Some(attached)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::{reflector, watcher};
+
+    use super::Listed;
+
+    /// Passes in tasks of their own, all waiting for a cache's first list, are all woken by it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_task_waiting_for_a_first_list_is_woken() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let listed = Listed::of(&store);
+        let waiters: Vec<_> = (0..16)
+            .map(|_| {
+                let listed = listed.clone();
+                tokio::spawn(async move { listed.wait().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        for waiter in waiters {
+            let woken = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+            assert!(woken.expect("a waiter was never woken").unwrap());
+        }
+    }
+
+    /// A cache whose writer is gone before its first list ends the wait with false, not never.
+    #[tokio::test]
+    async fn a_cache_that_never_lists_ends_the_wait() {
+        let (store, writer) = reflector::store::<Pod>();
+        let listed = Listed::of(&store);
+        drop(writer);
+        let ended = tokio::time::timeout(Duration::from_secs(5), listed.wait()).await;
+        assert_eq!(ended, Ok(false));
+    }
 }

@@ -59,6 +59,8 @@ pub enum Error {
     CacheClosed(&'static str),
     #[error("the RayCluster cache lags behind the apiserver: the pass is retried before anything is created")]
     CacheBehind,
+    #[error("the pass panicked: retried")]
+    PassPanicked,
     #[error("the pass did not finish within {after:?}, last waiting on {waiting}: abandoned and retried")]
     PassTimedOut {
         after: std::time::Duration,
@@ -87,6 +89,7 @@ impl Error {
             Error::NotLeader => "not_leader",
             Error::CacheClosed(_) | Error::CacheBehind => "cache",
             Error::PassTimedOut { .. } => "timeout",
+            Error::PassPanicked => "panic",
         }
     }
 }

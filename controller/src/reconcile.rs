@@ -52,10 +52,9 @@ struct Seen {
 }
 
 /// A pass never takes this long (its dashboard calls time out in seconds, its API calls answer in milliseconds),
-/// but kube's client has no read timeout: a request left unanswered would hold its reconcile slot forever. Seen
-/// at scale with `--concurrency 64` (BENCHMARKS.md): passes of up to 42 of 100 new RayServices never ended, their
-/// apiserver connections stopped right after the TLS handshake with no request written. A pass is idempotent
-/// (observe, decide, apply), so an abandoned one is simply retried.
+/// but kube's client has no read timeout: a request left unanswered would hold its reconcile slot forever. A pass
+/// is idempotent (observe, decide, apply), so an abandoned one is simply retried; its error names what it was
+/// waiting on (that is how the stall at `--concurrency 64` was found: BENCHMARKS.md).
 const PASS_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
@@ -66,22 +65,50 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         rayservice = %cached.name_any(),
         namespace = %cached.namespace().unwrap_or_default()
     );
-    let tracker = waiting::Tracker::default();
-    let pass = tracing::Instrument::instrument(tracker.run(pass(&cached, &ctx)), span);
-    let result = tokio::time::timeout(PASS_TIMEOUT, pass)
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::PassTimedOut {
-                after: PASS_TIMEOUT,
-                waiting: tracker.last(),
-            })
-        });
+    let tracker = Arc::new(waiting::Tracker::default());
+    let run = {
+        let (cached, ctx, tracker) = (cached.clone(), ctx.clone(), tracker.clone());
+        async move { tracker.run(pass(&cached, &ctx)).await }
+    };
+    // Each pass is a task of its own: kube-runtime polls every running reconcile from one task, where a pass
+    // whose reply had arrived sometimes was not polled again until its timeout (BENCHMARKS.md, the stall), and
+    // where all passes shared one thread.
+    let task = PassTask(tokio::spawn(tracing::Instrument::instrument(run, span)));
+    let result = match tokio::time::timeout(PASS_TIMEOUT, task).await {
+        Ok(Ok(result)) => result,
+        // Only a panic ends it without a result: it is aborted only once nobody awaits it.
+        Ok(Err(_)) => Err(Error::PassPanicked),
+        Err(_) => Err(Error::PassTimedOut {
+            after: PASS_TIMEOUT,
+            waiting: tracker.last(),
+        }),
+    };
     // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
         ctx.metrics
             .forget_service(&cached.namespace().unwrap_or_default(), &cached.name_any());
     }
     result
+}
+
+/// A pass's task, aborted when its reconcile is dropped (timed out, or the controller stopping).
+struct PassTask<T>(tokio::task::JoinHandle<T>);
+
+impl<T> std::future::Future for PassTask<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for PassTask<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// One pass: observe → decide (pure, `rayshift_api::lifecycle`) → apply, then the status and the next wake-up.
@@ -1292,6 +1319,23 @@ mod tests {
     use serde_json::json;
 
     use super::merge_patch;
+
+    /// A pass abandoned at its timeout stops: its task is aborted, so it writes nothing afterwards.
+    #[tokio::test]
+    async fn a_dropped_pass_task_stops() {
+        let wrote = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = super::PassTask(tokio::spawn({
+            let wrote = wrote.clone();
+            async move {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                wrote.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }));
+        let timed_out = tokio::time::timeout(std::time::Duration::from_millis(10), task).await;
+        assert!(timed_out.is_err());
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!wrote.load(std::sync::atomic::Ordering::SeqCst));
+    }
 
     #[test]
     fn merge_patch_removes_what_is_gone() {
