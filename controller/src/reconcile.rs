@@ -65,7 +65,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
         rayservice = %cached.name_any(),
         namespace = %cached.namespace().unwrap_or_default()
     );
-    let tracker = Arc::new(waiting::Tracker::default());
+    let tracker = waiting::Tracker::default();
     let run = {
         let (cached, ctx, tracker) = (cached.clone(), ctx.clone(), tracker.clone());
         async move { tracker.run(pass(&cached, &ctx)).await }
@@ -73,7 +73,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     // Each pass is a task of its own: kube-runtime polls every running reconcile from one task, where a pass
     // whose reply had arrived sometimes was not polled again until its timeout (BENCHMARKS.md, the stall), and
     // where all passes shared one thread.
-    let task = PassTask(tokio::spawn(tracing::Instrument::instrument(run, span)));
+    let task = spawn_pass(tracing::Instrument::instrument(run, span));
     let result = match tokio::time::timeout(PASS_TIMEOUT, task).await {
         Ok(Ok(result)) => result,
         // Only a panic ends it without a result: it is aborted only once nobody awaits it.
@@ -92,23 +92,12 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
 }
 
 /// A pass's task, aborted when its reconcile is dropped (timed out, or the controller stopping).
-struct PassTask<T>(tokio::task::JoinHandle<T>);
-
-impl<T> std::future::Future for PassTask<T> {
-    type Output = Result<T, tokio::task::JoinError>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-impl<T> Drop for PassTask<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+fn spawn_pass<F>(pass: F) -> tokio_util::task::AbortOnDropHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(pass))
 }
 
 /// One pass: observe → decide (pure, `rayshift_api::lifecycle`) → apply, then the status and the next wake-up.
@@ -1324,13 +1313,13 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_pass_task_stops() {
         let wrote = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let task = super::PassTask(tokio::spawn({
+        let task = super::spawn_pass({
             let wrote = wrote.clone();
             async move {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 wrote.store(true, std::sync::atomic::Ordering::SeqCst);
             }
-        }));
+        });
         let timed_out = tokio::time::timeout(std::time::Duration::from_millis(10), task).await;
         assert!(timed_out.is_err());
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;

@@ -60,8 +60,8 @@ pub fn on(waiting: Waiting) {
     let _ = CURRENT.try_with(|current| *lock(current) = waiting);
 }
 
-/// Runs one pass and keeps what it waits on readable from outside it.
-#[derive(Default)]
+/// Runs one pass and keeps what it waits on readable from outside it (clones share it).
+#[derive(Clone, Default)]
 pub struct Tracker(Arc<Mutex<Waiting>>);
 
 impl Tracker {
