@@ -241,6 +241,24 @@ async fn first_deployment_becomes_ready() {
         dash.puts[0]["applications"][0]["deployments"][0]["num_replicas"],
         2
     );
+    // The cluster records the Serve config it runs from its creation on: no second write to say so.
+    let config = rs.spec.serve_config_v2.clone().unwrap();
+    assert_eq!(
+        cluster.annotations().get("rayshift.io/serve-config"),
+        Some(&config)
+    );
+    let cluster_writes: Vec<String> = env
+        .controller
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("rayshift_kubernetes_writes_total{") && l.contains("kind=\"RayCluster\""))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        cluster_writes,
+        ["rayshift_kubernetes_writes_total{kind=\"RayCluster\",verb=\"apply\"} 1"],
+        "one write of the cluster: its creation"
+    );
     let events = env.events().await;
     assert!(events.iter().any(|(r, _)| r == "CreatedRayCluster"), "{events:?}");
     assert!(

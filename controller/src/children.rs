@@ -21,6 +21,9 @@ pub const ORIGINATED_FROM_CRD: &str = "ray.io/originated-from-crd";
 pub const CLUSTER_LABEL: &str = "ray.io/cluster";
 pub const NODE_TYPE_LABEL: &str = "ray.io/node-type";
 pub const SERVE_LABEL: &str = "ray.io/serve";
+/// The Serve config (serveConfigV2 text) a cluster runs: kept on the cluster so that a restarted
+/// controller changes its capacity with its own config, never with a newer spec's.
+pub const SERVE_CONFIG_ANNOTATION: &str = "rayshift.io/serve-config";
 /// Digest of what rayshift last applied to a child, to skip writes that would change nothing.
 pub const APPLIED_ANNOTATION: &str = "rayshift.io/applied";
 
@@ -85,12 +88,15 @@ pub fn owner_reference(rs: &RayService) -> Value {
 ///
 /// `replicas_from`: worker replica counts to keep (group name to replicas), so an in-place rebuild does not
 /// fight the autoscaler; `unset_replicas`: leave worker replicas unset (a pending cluster of an incremental
-/// upgrade starts from minReplicas, as in KubeRay).
+/// upgrade starts from minReplicas, as in KubeRay); `serve_config`: the Serve config the cluster runs, recorded
+/// on it (at creation the spec's, so that no second write records it after the first push; in place the one
+/// it has, because a server-side apply without it would remove it).
 pub fn ray_cluster(
     rs: &RayService,
     name: &str,
     replicas_from: Option<&BTreeMap<String, Value>>,
     unset_replicas: bool,
+    serve_config: Option<&str>,
 ) -> Value {
     let digests = SpecDigests::of(&rs.spec.ray_cluster_config);
     let mut spec = serde_json::to_value(&rs.spec.ray_cluster_config).expect("cluster specs serialize");
@@ -118,6 +124,9 @@ pub fn ray_cluster(
     annotations.insert(SPEC_HASH_ANNOTATION.into(), digests.spec);
     annotations.insert(SCALE_HASH_ANNOTATION.into(), digests.scale);
     annotations.insert(NUM_WORKER_GROUPS_ANNOTATION.into(), groups.to_string());
+    if let Some(config) = serve_config {
+        annotations.insert(SERVE_CONFIG_ANNOTATION.into(), config.to_string());
+    }
     json!({
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
@@ -482,7 +491,7 @@ mod tests {
 
     #[test]
     fn cluster_keeps_every_field_and_sets_kuberay_labels() {
-        let c = ray_cluster(&rs(), "llm-bcdfg", None, false);
+        let c = ray_cluster(&rs(), "llm-bcdfg", None, false, Some("applications: []"));
         assert_eq!(c["metadata"]["labels"][ORIGINATED_FROM_CRD], "RayService");
         assert_eq!(c["metadata"]["labels"][ORIGINATED_FROM_CR_NAME], "llm");
         assert_eq!(c["metadata"]["labels"]["team"], "ml");
@@ -490,11 +499,20 @@ mod tests {
         assert_eq!(c["spec"]["workerGroupSpecs"][0]["futureField"], 1, "lossless");
         assert_eq!(c["spec"]["workerGroupSpecs"][0]["replicas"], 2);
         assert_eq!(c["metadata"]["annotations"][NUM_WORKER_GROUPS_ANNOTATION], "1");
-        let pending = ray_cluster(&rs(), "llm-bcdfg", None, true);
+        assert_eq!(
+            c["metadata"]["annotations"][SERVE_CONFIG_ANNOTATION],
+            "applications: []"
+        );
+        let pending = ray_cluster(&rs(), "llm-bcdfg", None, true, None);
+        assert!(
+            pending["metadata"]["annotations"]
+                .get(SERVE_CONFIG_ANNOTATION)
+                .is_none()
+        );
         assert!(pending["spec"]["workerGroupSpecs"][0].get("replicas").is_none());
         let kept = BTreeMap::from([("g".to_string(), json!(3))]);
         assert_eq!(
-            ray_cluster(&rs(), "x", Some(&kept), false)["spec"]["workerGroupSpecs"][0]["replicas"],
+            ray_cluster(&rs(), "x", Some(&kept), false, None)["spec"]["workerGroupSpecs"][0]["replicas"],
             3
         );
     }

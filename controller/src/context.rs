@@ -135,6 +135,8 @@ pub struct Context {
     pub(crate) health: Arc<HealthTimer>,
     /// Evaluates SLO checks; `None` without `--prometheus-url` (checks then never pass).
     pub(crate) prometheus: Option<crate::slo::Prometheus>,
+    /// Passes finishing a due traffic step after their reconcile gave its slot back.
+    pub(crate) due_steps: crate::due_step::DueSteps,
 }
 
 /// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
@@ -315,6 +317,7 @@ impl Context {
             caches: None,
             health,
             prometheus: None,
+            due_steps: Default::default(),
         }
     }
 
@@ -478,10 +481,6 @@ impl Context {
         }
     }
 }
-
-/// The Serve config (serveConfigV2 text) a cluster runs: kept on the cluster so that a restarted
-/// controller changes its capacity with its own config, never with a newer spec's.
-pub const SERVE_CONFIG_ANNOTATION: &str = "rayshift.io/serve-config";
 
 /// Server-side apply of a child, skipped when what rayshift applied last is unchanged.
 pub(crate) async fn apply_child<K>(ctx: &Context, ns: &str, body: Value) -> Result<()>
