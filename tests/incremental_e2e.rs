@@ -175,12 +175,6 @@ async fn seed_example_is_promoted_with_invariants_and_exact_pacing() {
     println!("pacing on the controller's clock: gaps {shortest:.4}–{longest:.4} s");
     assert!(shortest >= 1.0, "a step came early: {step_gaps:?}");
     assert!(longest <= 1.1, "a step was late: {step_gaps:?}");
-    // The passes that waited for a due step gave their reconcile slot back meanwhile (README, --concurrency).
-    let handed_over = controller.counter_sum("rayshift_due_steps_handed_over_total");
-    assert!(
-        handed_over >= 10.0,
-        "{handed_over} passes handed over for 19 paced steps"
-    );
     // And as observed, allowing the watch its jitter: credit each gap with the previous one's lateness.
     let credited = gaps
         .iter()

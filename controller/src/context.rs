@@ -135,8 +135,6 @@ pub struct Context {
     pub(crate) health: Arc<HealthTimer>,
     /// Evaluates SLO checks; `None` without `--prometheus-url` (checks then never pass).
     pub(crate) prometheus: Option<crate::slo::Prometheus>,
-    /// Passes finishing a due traffic step after their reconcile gave its slot back.
-    pub(crate) due_steps: crate::due_step::DueSteps,
 }
 
 /// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
@@ -317,7 +315,6 @@ impl Context {
             caches: None,
             health,
             prometheus: None,
-            due_steps: Default::default(),
         }
     }
 

@@ -90,8 +90,6 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
     {
         let left = due.duration_since(Timestamp::now());
         if left.is_positive() {
-            // Its reconcile gives the slot back meanwhile: steps of many upgrades fall due together.
-            waiting::on(Waiting::DueStep);
             tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64())).await;
         }
         decision = upgrade::decide(&seen, status, &settings, Timestamp::now().max(due));

@@ -5,7 +5,6 @@ pub mod children;
 pub mod cluster_records;
 pub mod context;
 pub mod dashboard;
-pub mod due_step;
 pub mod error;
 pub mod events;
 pub mod health_timer;

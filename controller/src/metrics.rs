@@ -92,10 +92,6 @@ impl Metrics {
         self.health.reconcile_duration.start_timer()
     }
 
-    pub fn pass_handed_over(&self) {
-        self.health.passes_handed_over.inc();
-    }
-
     pub fn reconcile_error(&self, reason: &str) {
         self.health.reconcile_errors.with_label_values(&[reason]).inc();
     }
@@ -227,7 +223,6 @@ struct Health {
     leader: prometheus::Gauge,
     reconcile_duration: Histogram,
     reconcile_errors: IntCounterVec,
-    passes_handed_over: prometheus::IntCounter,
     api_writes: IntCounterVec,
     dashboard_latency: HistogramVec,
     dashboard_errors: IntCounterVec,
@@ -253,11 +248,6 @@ impl Health {
                 "Reconcile passes that failed, by reason.",
                 &["reason"],
             )?,
-            passes_handed_over: r.add(prometheus::IntCounter::new(
-                "rayshift_due_steps_handed_over_total",
-                "Passes that gave their reconcile slot back while they waited for a due traffic step (each then \
-                 finished in a task of its own).",
-            )?)?,
             api_writes: r.counters(
                 "rayshift_kubernetes_writes_total",
                 "Writes the controller sent to the Kubernetes API, by kind and verb.",

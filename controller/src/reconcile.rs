@@ -34,7 +34,6 @@ use crate::{
     children::{self, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_CONFIG_ANNOTATION, SERVE_LABEL},
     context::{Context, ControllerOptions, apply_child},
     dashboard::{self, HeadProxy, ServeStatus},
-    due_step,
     error::{Error, Result},
     events::EventType,
     health_timer::{Baseline, ProxyAddress, ServingCluster},
@@ -58,14 +57,8 @@ struct Seen {
 /// waiting on (that is how the stall at `--concurrency 64` was found: BENCHMARKS.md).
 const PASS_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A reconcile whose pass finishes a due step on its own looks again after this, if nothing woke it sooner
-/// (the step's own writes do).
-const AFTER_HANDED_OVER: Duration = Duration::from_secs(1);
-
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
-    let key = due_step::key(&cached);
-    ctx.due_steps.finished(&key).await;
     // Every log line of the pass names its RayService.
     let span = tracing::info_span!(
         "reconcile",
@@ -80,37 +73,8 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     // Each pass is a task of its own: kube-runtime polls every running reconcile from one task, where a pass
     // whose reply had arrived sometimes was not polled again until its timeout (BENCHMARKS.md, the stall), and
     // where all passes shared one thread.
-    let mut task = spawn_pass(tracing::Instrument::instrument(run, span));
-    let deadline = tokio::time::Instant::now() + PASS_TIMEOUT;
-    let ended = tokio::time::timeout_at(deadline, async {
-        tokio::select! {
-            biased;
-            ended = &mut task => Some(ended),
-            () = tracker.due_step() => None,
-        }
-    })
-    .await;
-    let result = match ended {
-        Ok(Some(ended)) => outcome(Ok(ended), &tracker),
-        Ok(None) => {
-            finish_on_its_own(cached, ctx, task, tracker, deadline);
-            return Ok(Action::requeue(AFTER_HANDED_OVER));
-        }
-        Err(elapsed) => outcome(Err(elapsed), &tracker),
-    };
-    after_pass(&cached, &ctx);
-    result
-}
-
-/// The pass's result: a panic or its timeout are errors too.
-fn outcome(
-    ended: std::result::Result<
-        std::result::Result<Result<Action>, tokio::task::JoinError>,
-        tokio::time::error::Elapsed,
-    >,
-    tracker: &waiting::Tracker,
-) -> Result<Action> {
-    match ended {
+    let task = spawn_pass(tracing::Instrument::instrument(run, span));
+    let result = match tokio::time::timeout(PASS_TIMEOUT, task).await {
         Ok(Ok(result)) => result,
         // Only a panic ends it without a result: it is aborted only once nobody awaits it.
         Ok(Err(_)) => Err(Error::PassPanicked),
@@ -118,36 +82,13 @@ fn outcome(
             after: PASS_TIMEOUT,
             waiting: tracker.last(),
         }),
-    }
-}
-
-/// Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
-fn after_pass(cached: &RayService, ctx: &Context) {
-    if ctx.was_deleted(cached) {
+    };
+    // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
+    if ctx.was_deleted(&cached) {
         ctx.metrics
             .forget_service(&cached.namespace().unwrap_or_default(), &cached.name_any());
     }
-}
-
-/// The pass waits only for its due step: it goes on in its own task and its reconcile slot is free. Its
-/// error, if any, is handled as the reconcile's would be (counted, logged, the next pass reads afresh).
-fn finish_on_its_own(
-    cached: Arc<RayService>,
-    ctx: Arc<Context>,
-    task: tokio_util::task::AbortOnDropHandle<Result<Action>>,
-    tracker: waiting::Tracker,
-    deadline: tokio::time::Instant,
-) {
-    let running = ctx.due_steps.hand_over(due_step::key(&cached));
-    ctx.metrics.pass_handed_over();
-    tokio::spawn(async move {
-        let result = outcome(tokio::time::timeout_at(deadline, task).await, &tracker);
-        if let Err(error) = &result {
-            error_policy(cached.clone(), error, ctx.clone());
-        }
-        after_pass(&cached, &ctx);
-        drop(running);
-    });
+    result
 }
 
 /// A pass's task, aborted when its reconcile is dropped (timed out, or the controller stopping).

@@ -27,8 +27,6 @@ pub enum Waiting {
     Dashboard(&'static str),
     /// Prometheus, for an SLO check.
     Prometheus,
-    /// The due instant of a traffic step it has decided: nothing else, so its reconcile slot is given back.
-    DueStep,
 }
 
 impl Waiting {
@@ -49,34 +47,22 @@ impl fmt::Display for Waiting {
             Waiting::DashboardSlot => f.write_str("a dashboard request slot (--dashboard-max-in-flight)"),
             Waiting::Dashboard(op) => write!(f, "a Ray dashboard ({op})"),
             Waiting::Prometheus => f.write_str("Prometheus"),
-            Waiting::DueStep => f.write_str("its traffic step's due instant"),
         }
     }
 }
 
 tokio::task_local! {
-    static CURRENT: Arc<Shared>;
-}
-
-#[derive(Default)]
-struct Shared {
-    last: Mutex<Waiting>,
-    due_step: tokio::sync::Notify,
+    static CURRENT: Arc<Mutex<Waiting>>;
 }
 
 /// Names what the running pass waits on next; nothing outside a pass (the health timer's reads).
 pub fn on(waiting: Waiting) {
-    let _ = CURRENT.try_with(|shared| {
-        if waiting == Waiting::DueStep {
-            shared.due_step.notify_one();
-        }
-        *lock(&shared.last) = waiting;
-    });
+    let _ = CURRENT.try_with(|current| *lock(current) = waiting);
 }
 
 /// Runs one pass and keeps what it waits on readable from outside it (clones share it).
 #[derive(Clone, Default)]
-pub struct Tracker(Arc<Shared>);
+pub struct Tracker(Arc<Mutex<Waiting>>);
 
 impl Tracker {
     pub async fn run<F: Future>(&self, pass: F) -> F::Output {
@@ -84,12 +70,7 @@ impl Tracker {
     }
 
     pub fn last(&self) -> Waiting {
-        lock(&self.0.last).clone()
-    }
-
-    /// Ends once the pass waits for a due traffic step (at once if it already did).
-    pub async fn due_step(&self) {
-        self.0.due_step.notified().await;
+        lock(&self.0).clone()
     }
 }
 
@@ -119,31 +100,6 @@ mod tests {
             tracker.last().to_string(),
             "a dashboard request slot (--dashboard-max-in-flight)"
         );
-    }
-
-    #[tokio::test]
-    async fn a_pass_waiting_for_its_due_step_says_so_once_it_does() {
-        let tracker = Tracker::default();
-        let pass = tracker.run(async {
-            on(Waiting::api("get", "RayService"));
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            on(Waiting::DueStep);
-            std::future::pending::<()>().await
-        });
-        let told = tokio::time::timeout(Duration::from_millis(10), tracker.due_step());
-        tokio::select! {
-            () = pass => unreachable!(),
-            early = told => assert!(early.is_err(), "told before the step was due"),
-        }
-        let pass = tracker.run(async {
-            on(Waiting::DueStep);
-            std::future::pending::<()>().await
-        });
-        tokio::select! {
-            () = pass => unreachable!(),
-            () = tracker.due_step() => {}
-        }
-        assert_eq!(tracker.last(), Waiting::DueStep);
     }
 
     #[test]
