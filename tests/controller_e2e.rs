@@ -247,17 +247,26 @@ async fn first_deployment_becomes_ready() {
         cluster.annotations().get("rayshift.io/serve-config"),
         Some(&config)
     );
-    let cluster_writes: Vec<String> = env
-        .controller
-        .metrics()
-        .lines()
-        .filter(|l| l.starts_with("rayshift_kubernetes_writes_total{") && l.contains("kind=\"RayCluster\""))
-        .map(str::to_string)
-        .collect();
+    let writes = |kind: &str| -> Vec<String> {
+        let kind = format!("kind=\"{kind}\"");
+        env.controller
+            .metrics()
+            .lines()
+            .filter(|l| l.starts_with("rayshift_kubernetes_writes_total{") && l.contains(&kind))
+            .map(str::to_string)
+            .collect()
+    };
     assert_eq!(
-        cluster_writes,
+        writes("RayCluster"),
         ["rayshift_kubernetes_writes_total{kind=\"RayCluster\",verb=\"apply\"} 1"],
         "one write of the cluster: its creation"
+    );
+    // KubeRay writes the cluster's status several times on the way (head ready, then every Pod); the
+    // RayService's copy of it is for display, so only the pending cluster's name and Ready are writes.
+    assert_eq!(
+        writes("RayService"),
+        ["rayshift_kubernetes_writes_total{kind=\"RayService\",verb=\"status\"} 2"],
+        "status writes of the RayService"
     );
     let events = env.events().await;
     assert!(events.iter().any(|(r, _)| r == "CreatedRayCluster"), "{events:?}");

@@ -124,13 +124,21 @@ pub fn merge(
     out
 }
 
-/// Whether `new` differs from `old` in anything but bookkeeping timestamps.
+/// Whether `new` differs from `old` in anything worth a status write. Like KubeRay (1.5 to 1.7), a
+/// cluster's copied `.status` alone is not: it is for display, and a RayService write costs the
+/// apiserver as much as the whole object. The next write carries the copy as it is then.
 pub fn status_changed(old: Option<&RayServiceStatuses>, new: &RayServiceStatuses) -> bool {
     let strip = |s: &RayServiceStatuses| {
         let mut s = s.clone();
         s.last_update_time = None;
         for c in s.conditions.iter_mut().flatten() {
             c.last_transition_time = Time(jiff::Timestamp::UNIX_EPOCH);
+        }
+        let sides = [&mut s.active_service_status, &mut s.pending_service_status];
+        for side in sides.into_iter().flatten() {
+            side.ray_cluster_status = None;
+            // No answer yet and an answer of no apps read alike, as KubeRay's length check does.
+            side.application_statuses.take_if(|apps| apps.is_empty());
         }
         s
     };
@@ -140,6 +148,9 @@ pub fn status_changed(old: Option<&RayServiceStatuses>, new: &RayServiceStatuses
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rayservice::{AppStatus, ClusterServiceStatus};
+    use serde_json::{Value, json};
+    use std::collections::BTreeMap;
 
     fn t(s: i64) -> Time {
         Time(jiff::Timestamp::from_second(s).unwrap())
@@ -194,5 +205,45 @@ mod tests {
         b.num_serve_endpoints = Some(3);
         assert!(status_changed(Some(&a), &b));
         assert!(status_changed(None, &b));
+    }
+
+    #[test]
+    fn a_clusters_copied_status_alone_is_not_a_change() {
+        let side = |apps: Option<BTreeMap<String, AppStatus>>, cluster: Option<Value>| ClusterServiceStatus {
+            ray_cluster_name: Some("llm-a".into()),
+            application_statuses: apps,
+            ray_cluster_status: cluster,
+            ..Default::default()
+        };
+        let with = |pending| RayServiceStatuses {
+            pending_service_status: Some(pending),
+            ..Default::default()
+        };
+        let a = with(side(None, None));
+        let copied = with(side(Some(BTreeMap::new()), Some(json!({"state": "ready"}))));
+        assert!(!status_changed(Some(&a), &copied));
+        let running = AppStatus {
+            status: Some("RUNNING".into()),
+            ..Default::default()
+        };
+        let apps = BTreeMap::from([("llm".to_string(), running)]);
+        assert!(status_changed(Some(&copied), &with(side(Some(apps), None))));
+        let mut renamed = side(None, None);
+        renamed.ray_cluster_name = Some("llm-b".into());
+        assert!(status_changed(Some(&a), &with(renamed)));
+        // The active side counts alike.
+        let active = RayServiceStatuses {
+            active_service_status: Some(side(None, Some(json!({"state": "ready"})))),
+            ..Default::default()
+        };
+        let mut active_changed = active.clone();
+        active_changed
+            .active_service_status
+            .as_mut()
+            .unwrap()
+            .ray_cluster_status = None;
+        assert!(!status_changed(Some(&active), &active_changed));
+        active_changed.active_service_status = None;
+        assert!(status_changed(Some(&active), &active_changed));
     }
 }
