@@ -141,14 +141,10 @@ pub struct Context {
 /// triggers a pass, so a pass never reads an object older than the change that woke it.
 #[derive(Clone)]
 pub struct Caches {
-    pub clusters: reflector::Store<RayCluster>,
-    pub clusters_listed: Listed,
-    /// Cluster names by their RayService (KubeRay's `ray.io/originated-from-cr-name`).
-    pub clusters_by_owner: LabelIndex,
-    pub heads: reflector::Store<Pod>,
-    pub heads_listed: Listed,
-    /// Head Pod names by their cluster (`ray.io/cluster`).
-    pub heads_by_cluster: LabelIndex,
+    /// Indexed by their RayService (KubeRay's `ray.io/originated-from-cr-name`).
+    pub clusters: Indexed<RayCluster>,
+    /// Indexed by their cluster (`ray.io/cluster`).
+    pub heads: Indexed<Pod>,
     /// The Services rayshift creates (KubeRay's association labels).
     pub services: reflector::Store<Service>,
     /// Filled only where the Gateway API is served.
@@ -194,15 +190,7 @@ impl Caches {
     /// The RayService's clusters (by KubeRay's association labels).
     pub(crate) async fn clusters_of(&self, ns: &str, rs: &str) -> Result<Vec<RayCluster>> {
         let wanted = children::association_labels(rs);
-        let found = Found {
-            ns,
-            index: &self.clusters_by_owner,
-            value: rs,
-            wanted: &wanted,
-        };
-        found
-            .in_store(&self.clusters, &self.clusters_listed, "RayCluster")
-            .await
+        self.clusters.find(ns, rs, &wanted).await
     }
 
     /// The head Pods of a cluster.
@@ -211,13 +199,56 @@ impl Caches {
             (CLUSTER_LABEL.to_string(), cluster.to_string()),
             (NODE_TYPE_LABEL.to_string(), "head".to_string()),
         ]);
-        let found = Found {
-            ns,
-            index: &self.heads_by_cluster,
-            value: cluster,
-            wanted: &wanted,
+        self.heads.find(ns, cluster, &wanted).await
+    }
+}
+
+/// A read cache of one kind, the gate of its first list, and its objects' names by one label.
+#[derive(Clone)]
+pub struct Indexed<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: reflector::Store<K>,
+    listed: Listed,
+    index: LabelIndex,
+    /// For what a pass waits on, and errors.
+    kind: &'static str,
+}
+
+impl<K> Indexed<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    /// Must be made before anything else waits on `store` (see `Listed`).
+    pub fn new(store: reflector::Store<K>, index: LabelIndex, kind: &'static str) -> Self {
+        let listed = Listed::of(&store);
+        Self {
+            store,
+            listed,
+            index,
+            kind,
+        }
+    }
+
+    /// The objects in `ns` carrying every label of `wanted`, once the cache has its first list: by name
+    /// from the index (its label's `value`), or by a scan while the index has not listed yet (it follows
+    /// the store by a moment).
+    async fn find(&self, ns: &str, value: &str, wanted: &BTreeMap<String, String>) -> Result<Vec<K>> {
+        waiting::on(Waiting::Cache(self.kind));
+        if !self.listed.wait().await {
+            return Err(Error::CacheClosed(self.kind));
+        }
+        let matches = |k: &K| {
+            k.meta().namespace.as_deref() == Some(ns)
+                && wanted.iter().all(|(key, v)| k.labels().get(key) == Some(v))
         };
-        found.in_store(&self.heads, &self.heads_listed, "Pod").await
+        let found = match self.index.names(ns, value) {
+            Some(names) => names
+                .iter()
+                .filter_map(|n| self.store.get(&reflector::ObjectRef::new(n).within(ns)))
+                .filter(|k| matches(k))
+                .collect(),
+            None => self.store.state_filter(matches),
+        };
+        Ok(found.iter().map(|k| (**k).clone()).collect())
     }
 }
 
@@ -226,11 +257,11 @@ impl Caches {
 /// the last to poll was woken, and the others waited for their timeout (BENCHMARKS.md, the stall). So one task
 /// waits there and passes wait here.
 #[derive(Clone)]
-pub struct Listed(tokio::sync::watch::Receiver<bool>);
+struct Listed(tokio::sync::watch::Receiver<bool>);
 
 impl Listed {
     /// Must be made before anything else waits on `store`, and nothing else may wait on it.
-    pub fn of<K>(store: &reflector::Store<K>) -> Self
+    fn of<K>(store: &reflector::Store<K>) -> Self
     where
         K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     {
@@ -247,47 +278,6 @@ impl Listed {
     /// False when the cache's writer is gone without a first list.
     async fn wait(&self) -> bool {
         self.0.clone().wait_for(|listed| *listed).await.is_ok()
-    }
-}
-
-/// What a cached lookup wants: the objects in `ns` carrying every label of `wanted`, found through `index`
-/// by the indexed label's `value`.
-struct Found<'a> {
-    ns: &'a str,
-    index: &'a LabelIndex,
-    value: &'a str,
-    wanted: &'a BTreeMap<String, String>,
-}
-
-impl Found<'_> {
-    /// The matching objects of `store`, once it has its first list: by name from the index, or by a scan
-    /// while the index has not listed yet (it follows the store by a moment).
-    async fn in_store<K>(
-        &self,
-        store: &reflector::Store<K>,
-        listed: &Listed,
-        kind: &'static str,
-    ) -> Result<Vec<K>>
-    where
-        K: Resource<DynamicType = ()> + Clone + 'static,
-    {
-        waiting::on(Waiting::Cache(kind));
-        if !listed.wait().await {
-            return Err(Error::CacheClosed(kind));
-        }
-        let matches = |k: &K| {
-            k.meta().namespace.as_deref() == Some(self.ns)
-                && self.wanted.iter().all(|(key, v)| k.labels().get(key) == Some(v))
-        };
-        let found = match self.index.names(self.ns, self.value) {
-            Some(names) => names
-                .iter()
-                .filter_map(|n| store.get(&reflector::ObjectRef::new(n).within(self.ns)))
-                .filter(|k| matches(k))
-                .collect(),
-            None => store.state_filter(matches),
-        };
-        Ok(found.iter().map(|k| (**k).clone()).collect())
     }
 }
 

@@ -28,7 +28,7 @@ use rayshift_api::{
 };
 
 use crate::{
-    children::{self, SERVE_CONFIG_ANNOTATION},
+    children,
     context::{self, Context, ParentRefs},
     dashboard::{self, ServeStatus},
     error::{Error, Result},
@@ -284,10 +284,8 @@ async fn apply(p: &Pass<'_>, attachment: &Attachment, decision: &StepDecision) -
 /// PUTs the cluster's own Serve config with a new `target_capacity`. The active cluster keeps the config it
 /// runs (recorded on the cluster), never the new spec's (KubeRay bug 9.3).
 async fn set_capacity(p: &Pass<'_>, cluster: &RayCluster, percent: i32) -> Result<()> {
-    let text = cluster
-        .annotations()
-        .get(SERVE_CONFIG_ANNOTATION)
-        .cloned()
+    let name = cluster.name_any();
+    let text = crate::reconcile::recorded_config(p.rs, p.ctx, &name, Some(cluster))
         .or_else(|| {
             (cluster
                 .annotations()
@@ -297,14 +295,11 @@ async fn set_capacity(p: &Pass<'_>, cluster: &RayCluster, percent: i32) -> Resul
             .then(|| p.rs.spec.serve_config_v2.clone().unwrap_or_default())
         })
         .ok_or_else(|| Error::UnknownServeConfig {
-            cluster: cluster.name_any(),
+            cluster: name.clone(),
         })?;
     let config = dashboard::serve_config_json(&text, Some(percent))?;
     p.ctx.ensure_leader()?;
-    p.ctx
-        .dashboard
-        .put_config(p.ns, &cluster.name_any(), &config)
-        .await
+    p.ctx.dashboard.put_config(p.ns, &name, &config).await
 }
 
 async fn apply_cluster_serve_service(p: &Pass<'_>, cluster: &RayCluster) -> Result<()> {

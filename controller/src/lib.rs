@@ -258,12 +258,8 @@ async fn run_controller(
     let clusters_by_owner = LabelIndex::new(children::ORIGINATED_FROM_CR_NAME);
     let heads_by_cluster = LabelIndex::new(children::CLUSTER_LABEL);
     let caches = context::Caches {
-        clusters_listed: context::Listed::of(&clusters),
-        heads_listed: context::Listed::of(&heads),
-        clusters: clusters.clone(),
-        clusters_by_owner: clusters_by_owner.clone(),
-        heads,
-        heads_by_cluster: heads_by_cluster.clone(),
+        clusters: context::Indexed::new(clusters.clone(), clusters_by_owner.clone(), "RayCluster"),
+        heads: context::Indexed::new(heads, heads_by_cluster.clone(), "Pod"),
         services: services_cache,
         gateways,
         routes,

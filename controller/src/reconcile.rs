@@ -953,7 +953,8 @@ async fn apply_cluster_actions(
                     .get(name)
                     .filter(|_| rs.spec.ray_cluster_config.autoscaling_enabled())
                     .map(|s| current_replicas(&s.cluster));
-                let config = recorded_config(rs, ctx, name, seen.get(name));
+                let cluster = seen.get(name).map(|s| &s.cluster);
+                let config = recorded_config(rs, ctx, name, cluster);
                 let body = children::ray_cluster(rs, name, keep.as_ref(), false, config.as_deref());
                 apply_cluster(ctx, api, name, &body).await?;
                 let note = format!("Updated RayCluster {ns}/{name} in place");
@@ -1024,13 +1025,18 @@ async fn delete_cluster(rs: &RayService, ctx: &Context, api: &Api<RayCluster>, n
 }
 
 /// The Serve config recorded on a cluster: what this controller last pushed to it, else its annotation (the
-/// cache can lag behind the patch that recorded a push, and an apply with a stale text would undo it).
-fn recorded_config(rs: &RayService, ctx: &Context, name: &str, seen: Option<&Seen>) -> Option<String> {
+/// cache can lag behind the patch that recorded a push, and a stale text would undo that push).
+pub(crate) fn recorded_config(
+    rs: &RayService,
+    ctx: &Context,
+    name: &str,
+    cluster: Option<&RayCluster>,
+) -> Option<String> {
     let owner = rs.uid().unwrap_or_default();
     ctx.records()
         .pushed_config(&owner, name)
         .map(str::to_string)
-        .or_else(|| seen?.cluster.annotations().get(SERVE_CONFIG_ANNOTATION).cloned())
+        .or_else(|| cluster?.annotations().get(SERVE_CONFIG_ANNOTATION).cloned())
 }
 
 /// Server-side apply of a whole RayCluster with rayshift's field manager.
