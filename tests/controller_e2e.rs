@@ -280,6 +280,56 @@ async fn first_deployment_becomes_ready() {
     assert!(described.contains("Created RayCluster"), "{described}");
 }
 
+/// A restarted controller (or a new leader) reads the Serve config a cluster runs from the cluster: no second
+/// PUT and no `UpdatedServeApplications` event for a config that did not change; a changed one is pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_pushes_only_a_changed_serve_config() {
+    let mut env = Env::new("repush").await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    let rs = env.ready("llm").await;
+    let cluster = active(&rs).unwrap();
+    let puts = || env.dashboard.get(&env.ns, &cluster).puts.len();
+    let pushed = |events: Vec<(String, String)>| {
+        events
+            .iter()
+            .filter(|(r, _)| r == "UpdatedServeApplications")
+            .count()
+    };
+    let (puts_before, pushed_before) = (puts(), pushed(env.events().await));
+    assert_eq!((puts_before, pushed_before), (1, 1));
+    let _ = env.controller.child.kill();
+    let _ = env.controller.child.wait();
+    env.controller = ControllerProcess::start(env.cp, &env.ns, &env.dashboard.url_template(), &[]);
+    let passes = || {
+        env.controller
+            .counter_sum("rayshift_reconcile_duration_seconds_count")
+    };
+    env.eventually("a pass of the restarted controller", 30, || async {
+        (passes() >= 1.0).then_some(())
+    })
+    .await;
+    // Its first pass read Serve (the apps run) and the cluster's record; give a second one time too.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(puts(), puts_before, "the same config PUT again after a restart");
+    assert_eq!(pushed(env.events().await), pushed_before);
+    let changed = format!("{}# revised\n", rs.spec.serve_config_v2.clone().unwrap());
+    env.rayservices()
+        .patch(
+            "llm",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"serveConfigV2": changed}})),
+        )
+        .await
+        .unwrap();
+    env.eventually("the changed config pushed and recorded", 30, || async {
+        let c = env.clusters().get(&cluster).await.unwrap();
+        let recorded = c.annotations().get("rayshift.io/serve-config") == Some(&changed);
+        (puts() == puts_before + 1 && recorded).then_some(())
+    })
+    .await;
+    assert_eq!(pushed(env.events().await), pushed_before + 1);
+}
+
 /// The controller talks HTTP/2 to kube-apiserver: its watches and writes share one connection, where kube's
 /// HTTP/1.1 stack holds one per watch and per request in flight (`--kube-api-http2=false`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1108,8 +1108,8 @@ async fn serving_cluster(client: &Client, rs: &RayService) -> Result<Option<Stri
         .and_then(|sel| sel.get(CLUSTER_LABEL).cloned()))
 }
 
-/// PUTs the spec's Serve config when it differs from what this cluster last received (or it lost its
-/// apps), then records on the cluster which config it runs; returns whether it pushed.
+/// PUTs the spec's Serve config when it differs from what this cluster runs (`recorded_config`) or it lost
+/// its apps, then records on the cluster which config it runs; returns whether it pushed.
 async fn push_serve_config(
     rs: &RayService,
     ctx: &Context,
@@ -1121,7 +1121,9 @@ async fn push_serve_config(
     let name = cluster.name_any();
     let text = rs.spec.serve_config_v2.clone().unwrap_or_default();
     let owner = rs.uid().unwrap_or_default();
-    let unchanged = ctx.records().pushed_config(&owner, &name) == Some(text.as_str());
+    // The cluster's record, not only this process's: a restarted controller or a new leader pushes nothing
+    // (and says nothing) for a config the cluster already runs.
+    let unchanged = recorded_config(rs, ctx, &name, Some(cluster)).as_deref() == Some(text.as_str());
     let has_apps = serve.is_some_and(|s| !s.applications.is_empty());
     if unchanged && has_apps {
         return Ok(false);
