@@ -116,8 +116,26 @@ install() {
   "$BIN/kube-apiserver" --version | grep -q "v$KUBE_VERSION" || die "kube-apiserver does not report v$KUBE_VERSION"
 }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+# N distinct free loopback ports, below the kernel's ephemeral range: a port from bind(0) is in that range, where
+# any outgoing connection on this machine may take it before our server binds it (CI saw kube-apiserver fail so).
+free_ports() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+ports = []
+while len(ports) < int(sys.argv[1]):
+    port = random.randrange(max(1024, low - 12000), low)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    if port not in ports:
+        ports.append(port)
+print(*ports)
+PY
 }
 
 wait_ready() {
@@ -152,8 +170,7 @@ EOF
 }
 
 start_etcd() {
-  local dir=$1 port=$2 peer
-  peer=$(free_port)
+  local dir=$1 port=$2 peer=$3
   $NICE "$BIN/etcd" --data-dir "$dir/etcd" --name rayshift-test --log-level warn \
     --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
@@ -178,8 +195,8 @@ start() {
   have_binaries || install
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
-  local etcd_port api_port admin sa
-  etcd_port=$(free_port); api_port=$(free_port)
+  local etcd_port api_port peer_port admin sa
+  read -r etcd_port api_port peer_port <<<"$(free_ports 3)"
   admin=$(token); sa=$(token)
   echo "$admin,admin,admin,system:masters" >"$dir/tokens.csv"
   # rayshift's own identity, for tests that run it under its least-privilege RBAC (manifests/deploy/rbac.yaml).
@@ -188,7 +205,7 @@ start() {
   openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
   : >"$dir/pids"
   echo "$etcd_port $api_port" >"$dir/ports"
-  start_etcd "$dir" "$etcd_port"
+  start_etcd "$dir" "$etcd_port" "$peer_port"
   start_apiserver "$dir" "$etcd_port" "$api_port"
   local url="https://127.0.0.1:$api_port"
   kubeconfig "$url" admin "$admin" >"$dir/kubeconfig"

@@ -2,6 +2,7 @@
 //! `rayshift certs generate`, and talks to it over real TLS.
 
 use std::{
+    hash::BuildHasher,
     io::{BufRead, BufReader},
     net::{SocketAddr, TcpListener},
     path::{Path, PathBuf},
@@ -42,22 +43,26 @@ pub fn generate_certs(dir: &Path, reuse_ca: bool) {
     );
 }
 
-/// A free loopback port, never the same one twice in this test binary (the OS may hand a just-released
-/// port out again, and two servers of one test would then collide).
+/// A free loopback port for a server started later, never the same one twice in this test binary. It is taken
+/// below the kernel's ephemeral range: a port from bind(0) is in that range, where any outgoing connection on the
+/// machine may take it before the server binds it (as tests/env/control-plane.sh does, for the same reason).
 pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let first = low.saturating_sub(12000).max(1024);
+    let random = std::hash::RandomState::new();
+    for draw in 0u32.. {
+        let port = first + (random.hash_one(draw) % u64::from(low - first)) as u16;
         let mut seen = HANDED_OUT.lock().unwrap();
-        if !seen.contains(&port) {
+        if !seen.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             seen.push(port);
             return port;
         }
     }
+    unreachable!("u32 draws are enough to find one free port")
 }
 
 /// A running webhook process; killed on drop.
