@@ -365,6 +365,38 @@ async fn kill_9_at_random_instants_of_upgrades() {
     );
 }
 
+/// The test's monotonic instants on the controller's clock (`status.lastTrafficStepTime` is wall time; both
+/// run on this machine), to tell a step decided late from one the apiserver or the watch delivered late.
+struct WallClock(Instant, jiff::Timestamp);
+
+impl WallClock {
+    fn now() -> Self {
+        WallClock(Instant::now(), jiff::Timestamp::now())
+    }
+
+    fn wall(&self, t: Instant) -> jiff::Timestamp {
+        let after = jiff::SignedDuration::try_from(t.saturating_duration_since(self.0)).unwrap();
+        let before = jiff::SignedDuration::try_from(self.0.saturating_duration_since(t)).unwrap();
+        self.1 + after - before
+    }
+
+    /// When the controller decided the step the test saw at `seen`, against its due instant (the previous
+    /// step + 1 s, or the previous route's acceptance as the test saw it, whichever is later).
+    fn decision(&self, decided: &[jiff::Timestamp], accepted: Instant, seen: Instant) -> String {
+        let seen = self.wall(seen);
+        let Some(i) = decided.iter().rposition(|t| *t <= seen).filter(|i| *i > 0) else {
+            return "its decision is not in the observed status".into();
+        };
+        let due = (decided[i - 1] + jiff::SignedDuration::from_secs(1)).max(self.wall(accepted));
+        let ms = |d: jiff::SignedDuration| d.as_secs_f64() * 1000.0;
+        format!(
+            "on the controller's clock decided {:.1} ms after due, seen {:.1} ms after it was decided",
+            ms(decided[i].duration_since(due)),
+            ms(seen.duration_since(decided[i]))
+        )
+    }
+}
+
 /// Restarts kube-apiserver (blocking the test's own requests meanwhile) and returns when it is back.
 async fn restart_apiserver(env: &Env, compact: bool) -> Instant {
     let cp = env.cp;
@@ -496,6 +528,8 @@ async fn apiserver_restarts_mid_upgrade_and_the_upgrade_resumes() {
     // the previous one, whichever is later. Traefik's own recovery (its watches back off for seconds) is
     // Traefik's, and rayshift rightly waits for it (WaitingForGateway).
     let versions = env.gateway.routes();
+    let clock = WallClock::now();
+    let decided = observer.seen.lock().unwrap().step_times.clone();
     let late: Vec<Duration> = versions
         .windows(2)
         .filter(|w| recovered.iter().any(|r| w[0].seen >= *r))
@@ -506,7 +540,11 @@ async fn apiserver_restarts_mid_upgrade_and_the_upgrade_resumes() {
             let ready = (w[0].seen + Duration::from_secs(1)).max(w[0].accepted?);
             let late = w[1].seen.saturating_duration_since(ready);
             if late > Duration::from_millis(50) {
-                println!("step to {:?}% of traffic {late:?} late", w[1].weights.get(&new));
+                println!(
+                    "step to {:?}% of traffic {late:?} late; {}",
+                    w[1].weights.get(&new),
+                    clock.decision(&decided, w[0].accepted?, w[1].seen)
+                );
             }
             Some(late)
         })

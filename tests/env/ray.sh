@@ -15,8 +15,10 @@
 #                                      head at HEAD_IP, its ports offset by INDEX; in the foreground until killed
 #                                      (`ray start --block` stops the node's processes with it)
 #   ray.sh stop NAME                   stop that head and remove its namespace
+#   ray.sh priority NAME NICENESS      renice every process in that namespace
 #   ray.sh venv                        print the venv directory
 #
+# RAYSHIFT_RAY_NICE sets the niceness `start` runs the head at (default 0).
 # With RAYSHIFT_OWNER_PID set, `start` leaves a watchdog that stops the head once that process has exited.
 set -euo pipefail
 
@@ -87,7 +89,7 @@ start() {
   $SUDO ip netns exec "$name" ip link set lo up
   local tmp="/tmp/ray-$name"
   mkdir -p "$tmp"
-  $SUDO ip netns exec "$name" env PYTHONPATH="$appdir" "$VENV/bin/ray" start --head --port 6379 \
+  $SUDO ip netns exec "$name" env PYTHONPATH="$appdir" nice -n "${RAYSHIFT_RAY_NICE:-0}" "$VENV/bin/ray" start --head --port 6379 \
     --node-ip-address "$ns_ip" --dashboard-host 0.0.0.0 --dashboard-port 8265 --include-dashboard true --num-cpus 2 \
     --metrics-export-port 8080 \
     --disable-usage-stats --temp-dir "$tmp" >"$tmp.log" 2>&1
@@ -157,6 +159,14 @@ stop() {
   rm -rf "/tmp/ray-$name" "/tmp/ray-$name.log"
 }
 
+# Sets the niceness of every process in the head's network namespace (processes Ray starts later are not
+# covered: call it again).
+priority() {
+  local name=${1:?name} nice=${2:?niceness} pids
+  pids=$($SUDO ip netns pids "$name" 2>/dev/null || true)
+  [ -z "$pids" ] || $SUDO renice --priority "$nice" -p $pids >/dev/null 2>&1 || true
+}
+
 # A head that did not come up is started once more, from scratch (CI saw one of dozens never answer).
 start_or_retry() {
   start "$@" && return
@@ -169,7 +179,8 @@ case "${1:-}" in
   install) install ;;
   start) shift; start_or_retry "$@" ;;
   stop) shift; stop "$@" ;;
+  priority) shift; priority "$@" ;;
   worker) shift; worker "$@" ;;
   venv) echo "$VENV" ;;
-  *) echo "usage: $0 install | start NAME INDEX APPDIR [ADDRESS] | worker NAME HEAD_IP ADDRESS INDEX APPDIR | stop NAME | venv" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start NAME INDEX APPDIR [ADDRESS] | worker NAME HEAD_IP ADDRESS INDEX APPDIR | stop NAME | priority NAME NICENESS | venv" >&2; exit 2 ;;
 esac
