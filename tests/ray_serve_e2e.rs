@@ -920,6 +920,7 @@ async fn zero_downtime_through_traefik_upgrades_restart_abort_and_rollback() {
     let began = Instant::now();
     let memory = MemoryPeak::start();
     let mut env = Env::new("realray", DashboardRoute::Template).await;
+    env.heads.start_new_heads_in_background();
     let first = env.deploy().await;
     let deployed = began.elapsed();
     let observer = env.observe();

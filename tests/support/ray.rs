@@ -153,7 +153,7 @@ pub struct Head {
     pub background: bool,
 }
 
-/// Niceness of a head until its Serve apps are first RUNNING. On a real cluster a new head and its replicas start
+/// Niceness of a head until its Serve apps are first RUNNING, where a test asks for it. On a real cluster a new head and its replicas start
 /// on nodes of their own; here they share 2 cores with the serving head, and their start (Ray's daemons, then
 /// Serve's controller, proxy and replicas, all Python) starved the serving head until requests to it timed out
 /// while it still carried all the traffic (CI of 2026-11-27 14:29, CPU pressure 93 %). A cluster gets traffic only
@@ -174,6 +174,8 @@ struct Shared {
     failures: Mutex<Vec<String>>,
     next_index: AtomicU32,
     closing: AtomicBool,
+    /// New heads start at `BACKGROUND_NICE` (`RayHeads::start_new_heads_in_background`).
+    background_starts: AtomicBool,
 }
 
 pub struct RayHeads {
@@ -206,6 +208,13 @@ impl RayHeads {
             router_addr,
             tasks,
         }
+    }
+
+    /// From now on a new head and its Serve processes start at `BACKGROUND_NICE`, until its apps are first
+    /// RUNNING. For a test whose load must not fail while a new head starts beside the serving one; tests that
+    /// bound how fast a new cluster converges leave it off.
+    pub fn start_new_heads_in_background(&self) {
+        self.shared.background_starts.store(true, Ordering::Relaxed);
     }
 
     /// The `--dashboard-url-template` that reaches every cluster's real dashboard.
@@ -370,7 +379,7 @@ async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
                     address,
                     ip: None,
                     started: Instant::now(),
-                    background: true,
+                    background: shared.background_starts.load(Ordering::Relaxed),
                 };
                 shared.heads.lock().unwrap().insert(name.clone(), head.clone());
                 tokio::spawn(start_head(shared.clone(), name.clone(), head));
@@ -425,6 +434,7 @@ async fn stop_head(shared: &Shared, name: String, head: Head) {
 async fn start_head(shared: Arc<Shared>, cluster: String, head: Head) {
     let app_dir = repo().join("tests/env/ray-app");
     let (netns, index, address) = (head.netns.clone(), head.index, head.address.clone());
+    let nice = if head.background { BACKGROUND_NICE } else { "0" };
     let out = tokio::task::spawn_blocking(move || {
         Command::new("bash")
             .arg(script())
@@ -436,7 +446,7 @@ async fn start_head(shared: Arc<Shared>, cluster: String, head: Head) {
                 &address,
             ])
             .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
-            .env("RAYSHIFT_RAY_NICE", BACKGROUND_NICE)
+            .env("RAYSHIFT_RAY_NICE", nice)
             .output()
     })
     .await;
