@@ -153,11 +153,12 @@ pub struct Head {
     pub background: bool,
 }
 
-/// Niceness of a head until its Serve apps are first RUNNING, where a test asks for it. On a real cluster a new head and its replicas start
-/// on nodes of their own; here they share 2 cores with the serving head, and their start (Ray's daemons, then
-/// Serve's controller, proxy and replicas, all Python) starved the serving head until requests to it timed out
-/// while it still carried all the traffic (CI of 2026-11-27 14:29, CPU pressure 93 %). A cluster gets traffic only
-/// once RUNNING, so from then on both run at the same priority. A test stand-in for separate nodes.
+/// Niceness of a head until its Serve apps are first RUNNING, where a test asks for it. On a real cluster a new
+/// head and its replicas start on nodes of their own; here they share 2 cores with the serving head, and their
+/// start (Ray's daemons, then Serve's controller, proxy and replicas, all Python) starved the serving head until
+/// requests to it timed out while it still carried all the traffic (CI of 2026-11-27 14:29, CPU pressure 93 %).
+/// A cluster gets traffic only once RUNNING, so from then on both run at the same priority. A test stand-in for
+/// separate nodes.
 const BACKGROUND_NICE: &str = "10";
 
 #[derive(Default)]
