@@ -750,3 +750,12 @@ async fn every_rule_fixture_gets_its_verdict_over_tls() {
     }
     assert!(checked >= 70, "{checked}");
 }
+
+/// `--log-format plain` to a pipe (as `kubectl logs` reads it) is text without terminal colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_logs_to_a_pipe_have_no_colour_codes() {
+    let s = setup(&["--log-format", "plain"]);
+    let logs = s.webhook.logs.lock().unwrap().join("\n");
+    assert!(logs.contains("listening"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "escape codes in plain logs: {logs:?}");
+}

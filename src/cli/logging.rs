@@ -1,5 +1,7 @@
 //! Logs: JSON lines by default (Kubernetes style), plain text for people.
 
+use std::io::IsTerminal;
+
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
 
@@ -28,8 +30,10 @@ impl LogArgs {
             .map(EnvFilter::new)
             .or_else(|| EnvFilter::try_from_default_env().ok())
             .unwrap_or_else(|| EnvFilter::new("info"));
+        // Colour only for a person at a terminal: `kubectl logs` and files get plain text.
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr);
         let _ = match self.log_format {
             LogFormat::Json => builder
