@@ -16,6 +16,7 @@
 #                                      (`ray start --block` stops the node's processes with it)
 #   ray.sh stop NAME                   stop that head and remove its namespace
 #   ray.sh priority NAME NICENESS      renice every process in that namespace
+#   ray.sh tree-priority PID NICENESS  renice that process and every process under it (a worker node's)
 #   ray.sh venv                        print the venv directory
 #
 # RAYSHIFT_RAY_NICE sets the niceness `start` runs the head at (default 0).
@@ -48,6 +49,7 @@ install() {
   local missing=()
   command -v ip >/dev/null || missing+=(iproute2)
   command -v curl >/dev/null || missing+=(curl)
+  command -v ps >/dev/null || missing+=(procps)
   python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
   if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
@@ -167,6 +169,16 @@ priority() {
   [ -z "$pids" ] || $SUDO renice --priority "$nice" -p $pids >/dev/null 2>&1 || true
 }
 
+# Sets the niceness of a process and all its descendants: a worker node's (its raylet starts each Ray worker, a
+# Serve replica's included, in a process group of its own, so the node's group does not cover them).
+tree_priority() {
+  local root=${1:?pid} nice=${2:?niceness} pids
+  pids=$(ps -e -o pid=,ppid= | awk -v root="$root" '
+    { parent[$1] = $2 }
+    END { for (p in parent) { q = p; while (q != root && q in parent && q > 1) q = parent[q]; if (q == root) print p } }')
+  [ -z "$pids" ] || $SUDO renice --priority "$nice" -p $pids >/dev/null 2>&1 || true
+}
+
 # A head that did not come up is started once more, from scratch (CI saw one of dozens never answer).
 start_or_retry() {
   start "$@" && return
@@ -180,7 +192,8 @@ case "${1:-}" in
   start) shift; start_or_retry "$@" ;;
   stop) shift; stop "$@" ;;
   priority) shift; priority "$@" ;;
+  tree-priority) shift; tree_priority "$@" ;;
   worker) shift; worker "$@" ;;
   venv) echo "$VENV" ;;
-  *) echo "usage: $0 install | start NAME INDEX APPDIR [ADDRESS] | worker NAME HEAD_IP ADDRESS INDEX APPDIR | stop NAME | priority NAME NICENESS | venv" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start NAME INDEX APPDIR [ADDRESS] | worker NAME HEAD_IP ADDRESS INDEX APPDIR | stop NAME | priority NAME NICENESS | tree-priority PID NICENESS | venv" >&2; exit 2 ;;
 esac

@@ -18,7 +18,7 @@
 //! autoscaler removes idle nodes.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     os::unix::process::CommandExt,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -38,7 +38,7 @@ pub const SERVE_GATE: &str = "rayshift-test/out-of-serve-service";
 use super::{
     autoscaler::{ready, scale, workers},
     cluster::repo,
-    ray::{HeadLookup, RayHeads, look, script},
+    ray::{BACKGROUND_NICE, HeadLookup, RayHeads, look, script},
     signal::{self, Sig},
 };
 
@@ -48,6 +48,10 @@ struct Worker {
     child: Option<Child>,
     group: u32,
     log: String,
+    /// The Pod's IP, the node's Ray address.
+    ip: String,
+    /// At `BACKGROUND_NICE` until a replica on it is RUNNING (see `join`).
+    background: bool,
 }
 
 impl Worker {
@@ -173,6 +177,7 @@ async fn pass(
             join(nodes, &name, &netns, &head_ip, pod);
         }
         if let Some(serve) = look(http, &head_ip).await {
+            to_foreground(nodes, &mine, &serve.running_nodes);
             let wanted = serve.replicas.values().sum();
             scale(&clusters, &cluster, &mine, wanted, &serve.replica_nodes).await?;
         }
@@ -185,7 +190,29 @@ fn gated(pod: &Pod) -> bool {
     gates.is_some_and(|g| g.iter().any(|g| g.name == SERVE_GATE))
 }
 
-/// Starts the Ray worker node of a Ready Pod, once.
+/// Gives the background worker nodes of `pods` that now run a RUNNING replica normal priority.
+fn to_foreground(nodes: &Mutex<Nodes>, pods: &[&Pod], running_nodes: &BTreeSet<String>) {
+    let mut nodes = nodes.lock().unwrap();
+    for pod in pods {
+        let Some(worker) = nodes.running.get_mut(&pod.name_any()) else {
+            continue;
+        };
+        if worker.background && running_nodes.contains(&worker.ip) {
+            let status = Command::new("bash")
+                .arg(script())
+                .args(["tree-priority", &worker.group.to_string(), "0"])
+                .status();
+            worker.background = !status.is_ok_and(|s| s.success());
+        }
+    }
+}
+
+/// Starts the Ray worker node of a Ready Pod, once. It starts at `BACKGROUND_NICE`, as a new head does in the
+/// 12-phase test: on a real cluster a worker Pod starts on a GPU node of its own, and here its start (raylet,
+/// Ray's agents, then the replica's Python worker) shared 2 cores with the old cluster's last replica serving
+/// half the traffic during ResourceAware's dip (CI of 2026-11-27 15:13: 248 requests timed out at 90 % CPU
+/// pressure). No request reaches a node before a replica on it is RUNNING; from then on it runs at normal
+/// priority. A test stand-in for separate nodes.
 fn join(nodes: &Mutex<Nodes>, cluster: &str, netns: &str, head_ip: &str, pod: &Pod) {
     let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
         return;
@@ -201,7 +228,8 @@ fn join(nodes: &Mutex<Nodes>, cluster: &str, netns: &str, head_ip: &str, pod: &P
     let path = format!("/tmp/{netns}-worker-{index}.log");
     let log = std::fs::File::create(&path).unwrap();
     let app_dir = repo().join("tests/env/ray-app");
-    let child = Command::new("bash")
+    let child = Command::new("nice")
+        .args(["-n", BACKGROUND_NICE, "bash"])
         .arg(script())
         .args(["worker", netns, head_ip, &ip, &index.to_string()])
         .arg(&app_dir)
@@ -217,6 +245,8 @@ fn join(nodes: &Mutex<Nodes>, cluster: &str, netns: &str, head_ip: &str, pod: &P
         child: Some(child),
         group,
         log: path,
+        ip,
+        background: true,
     };
     nodes.running.insert(pod.name_any(), worker);
 }

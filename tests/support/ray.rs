@@ -52,6 +52,8 @@ pub struct ServeView {
     pub replicas: BTreeMap<String, usize>,
     /// IPs of the nodes that run a replica (any state).
     pub replica_nodes: BTreeSet<String>,
+    /// IPs of the nodes that run a RUNNING replica.
+    pub running_nodes: BTreeSet<String>,
 }
 
 impl ServeView {
@@ -71,16 +73,17 @@ impl ServeView {
                 .flatten()
             {
                 let replicas = dep.get("replicas").and_then(Value::as_array);
-                let running = replicas
-                    .into_iter()
-                    .flatten()
-                    .filter(|r| r.get("state").and_then(Value::as_str) == Some("RUNNING"))
-                    .count();
-                let nodes = replicas
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|r| r.get("node_ip")?.as_str());
-                view.replica_nodes.extend(nodes.map(str::to_string));
+                let mut running = 0;
+                for r in replicas.into_iter().flatten() {
+                    let is_running = r.get("state").and_then(Value::as_str) == Some("RUNNING");
+                    running += usize::from(is_running);
+                    if let Some(ip) = r.get("node_ip").and_then(Value::as_str) {
+                        view.replica_nodes.insert(ip.to_string());
+                        if is_running {
+                            view.running_nodes.insert(ip.to_string());
+                        }
+                    }
+                }
                 view.running.insert(d.clone(), running);
                 view.replicas.insert(d.clone(), replicas.map_or(0, Vec::len));
             }
@@ -159,7 +162,7 @@ pub struct Head {
 /// requests to it timed out while it still carried all the traffic (CI of 2026-11-27 14:29, CPU pressure 93 %).
 /// A cluster gets traffic only once RUNNING, so from then on both run at the same priority. A test stand-in for
 /// separate nodes.
-const BACKGROUND_NICE: &str = "10";
+pub const BACKGROUND_NICE: &str = "10";
 
 #[derive(Default)]
 struct Shared {
