@@ -148,10 +148,7 @@ pub fn generate(req: &ServingCertRequest, out: &Path, reuse_ca: bool) -> Result<
 }
 
 fn read(path: &Path) -> Result<String> {
-    fs::read_to_string(path).map_err(|source| Error::ReadFile {
-        path: path.to_path_buf(),
-        source,
-    })
+    fs::read_to_string(path).map_err(Error::read_file(path))
 }
 
 /// Writes atomically (temp file + rename), so a server reloading the directory never sees half a file.

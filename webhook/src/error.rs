@@ -1,7 +1,10 @@
 //! The one error type of `rayshift-webhook`, with typed causes: what went wrong is in the variant, and the
 //! message is built only when shown.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
 
 use rayshift_api::documents::NotARayService;
 
@@ -90,3 +93,13 @@ pub enum BadRequest {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// For `map_err` on a read of `path`.
+    pub(crate) fn read_file(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+        move |source| Error::ReadFile {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}

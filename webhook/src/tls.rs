@@ -6,7 +6,7 @@
 //! new ones never fail during a rotation.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -51,8 +51,8 @@ impl CertStore {
 
     /// Reads the files and swaps in the pair if it changed and is valid. Returns whether it swapped.
     pub fn reload(&self, metrics: &Metrics) -> Result<bool, Error> {
-        let cert = std::fs::read(&self.cert_path).map_err(|e| read_error(&self.cert_path, e))?;
-        let key = std::fs::read(&self.key_path).map_err(|e| read_error(&self.key_path, e))?;
+        let cert = std::fs::read(&self.cert_path).map_err(Error::read_file(&self.cert_path))?;
+        let key = std::fs::read(&self.key_path).map_err(Error::read_file(&self.key_path))?;
         let mut loaded = self.loaded_bytes.lock().unwrap_or_else(|p| p.into_inner());
         if loaded.as_ref().is_some_and(|(c, k)| *c == cert && *k == key) {
             return Ok(false);
@@ -102,13 +102,6 @@ impl CertStore {
             .with_cert_resolver(Arc::new(Resolver(self.clone())));
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
-    }
-}
-
-fn read_error(path: &Path, e: std::io::Error) -> Error {
-    Error::ReadFile {
-        path: path.to_path_buf(),
-        source: e,
     }
 }
 
