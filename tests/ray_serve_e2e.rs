@@ -53,8 +53,10 @@ const DELETION_DELAY: i64 = 5;
 /// it kept the previous weights for over 2.3 s, and requests sent to the old cluster after its capacity went
 /// to 0 at the 2 s this test used then hung until their timeout.
 const DRAIN: i64 = 5;
-/// The SLO test's load; upgrade phases load at half of it (see `Env::phase`).
-const RATE: u32 = 50;
+/// Requests per second through Traefik in every upgrade phase (see `Env::phase`).
+const RATE: u32 = 25;
+/// The SLO test's load: its error-ratio checks read Serve's request counters.
+const SLO_RATE: u32 = 50;
 /// A request taking longer than this counts as failed: the load's client timeout. (Serve queues requests
 /// it cannot place yet; on 2 cores a Ray head starting next to the serving one costs seconds of latency.)
 const LATENCY_BOUND: Duration = Duration::from_secs(10);
@@ -763,19 +765,18 @@ impl Env {
         version: &str,
         twist: Twist,
     ) -> (String, Vec<String>) {
-        // Every upgrade phase loads at half of `RATE`: 25 requests/s (with gRPC, 25 HTTP + 25 gRPC calls/s; one
+        // Every upgrade phase loads at `RATE`: 25 requests/s (with gRPC, 25 HTTP + 25 gRPC calls/s; one
         // Serve proxy answers both). At 50/s the serving cluster alone took about 0.7 of the 2 cores (BENCHMARKS.md,
         // "The GPU-worker test at half the rate"), and on 2026-11-27 the load's requests timed out in ResourceAware's
         // dip (the GPU test in 3 of 5 runs, the 12-phase test's ResourceAware upgrade in the CI of 7e28838) and then
         // in the 12-phase test's first upgrade at 50/50 (CI of 6549c2f, 89 % CPU pressure), where at 25/s the
         // ResourceAware upgrade of the same run had p99 359 ms against 1.3–4.2 s in the phases at 50/s.
-        let rate = RATE / 2;
         let pressure = CpuPressure::start();
-        let load = Load::start(&self.gateway.url(), rate, LATENCY_BOUND);
+        let load = Load::start(&self.gateway.url(), RATE, LATENCY_BOUND);
         let grpc = self
             .shape
             .grpc
-            .then(|| GrpcLoad::start(&self.gateway.grpc_address(), rate, LATENCY_BOUND));
+            .then(|| GrpcLoad::start(&self.gateway.grpc_address(), RATE, LATENCY_BOUND));
         let from = Instant::now();
         if twist == Twist::ResourceAware {
             self.annotate(RESOURCE_AWARE, json!("always")).await;
@@ -1284,7 +1285,7 @@ impl Env {
     /// traffic, or traffic not back on `old`.
     async fn failing_phase(&mut self, old: &str, serving: &str, failing: &str) -> (String, Vec<String>) {
         let pressure = CpuPressure::start();
-        let load = Load::start(&self.gateway.url(), RATE, LATENCY_BOUND);
+        let load = Load::start(&self.gateway.url(), SLO_RATE, LATENCY_BOUND);
         let from = Instant::now();
         let new = self.start_upgrade(failing).await;
         let abort = self
@@ -1329,7 +1330,7 @@ impl Env {
                 &failed[..failed.len().min(5)]
             ));
         }
-        let tail = responses.iter().rev().take(RATE as usize / 2);
+        let tail = responses.iter().rev().take(SLO_RATE as usize / 2);
         if tail.clone().any(|r| r.body() != Some(serving)) {
             problems.push(format!("at the end not every answer came from {serving}"));
         }

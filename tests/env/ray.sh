@@ -166,7 +166,7 @@ stop() {
 priority() {
   local name=${1:?name} nice=${2:?niceness} pids
   pids=$($SUDO ip netns pids "$name" 2>/dev/null || true)
-  [ -z "$pids" ] || $SUDO renice --priority "$nice" -p $pids >/dev/null 2>&1 || true
+  set_nice "$nice" $pids
 }
 
 # Sets the niceness of a process and all its descendants: a worker node's (its raylet starts each Ray worker, a
@@ -176,7 +176,14 @@ tree_priority() {
   pids=$(ps -e -o pid=,ppid= | awk -v root="$root" '
     { parent[$1] = $2 }
     END { for (p in parent) { q = p; while (q != root && q in parent && q > 1) q = parent[q]; if (q == root) print p } }')
-  [ -z "$pids" ] || $SUDO renice --priority "$nice" -p $pids >/dev/null 2>&1 || true
+  set_nice "$nice" $pids
+}
+
+# Sets NICENESS on the PIDs that follow; a process gone meanwhile is no error.
+set_nice() {
+  local nice=$1
+  shift
+  [ $# -eq 0 ] || $SUDO renice --priority "$nice" -p "$@" >/dev/null 2>&1 || true
 }
 
 # A head that did not come up is started once more, from scratch (CI saw one of dozens never answer).
