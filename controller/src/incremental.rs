@@ -95,6 +95,13 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
         decision = upgrade::decide(&seen, status, &settings, Timestamp::now().max(due));
     }
     apply(p, &attachment, &decision).await?;
+    let (before, taken) = (
+        upgrade::decide::last_step_time(status),
+        upgrade::decide::last_step_time(&decision.status),
+    );
+    if taken != before {
+        tracing::debug!(target: "rayshift::pacing", ?before, ?taken, written = %Timestamp::now(), "traffic step written");
+    }
     *status = decision.status;
     let wake = match decision.step_due {
         Some(due) => Some(due - STEP_LEAD),
@@ -247,7 +254,11 @@ async fn pending_stall(p: &Pass<'_>, cluster: &str) -> Result<Option<rayshift_ap
     let pods: Api<Pod> = Api::namespaced(p.ctx.client.clone(), p.ns);
     let selector = format!("{}={cluster}", children::CLUSTER_LABEL);
     waiting::on(Waiting::api("list", "Pod"));
-    let list = pods.list(&ListParams::default().labels(&selector)).await?;
+    // From the apiserver's watch cache (resourceVersion 0), not a quorum read of every Pod in the namespace
+    // from etcd: this is a diagnosis, and 50 upgrades at once ask it together.
+    let list = pods
+        .list(&ListParams::default().labels(&selector).match_any())
+        .await?;
     let stall = rayshift_api::stall::of(&list.items);
     p.ctx.records().set_stall(&owner, cluster, stall.clone());
     Ok(stall)

@@ -59,6 +59,7 @@ const PASS_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile_timer();
+    let started = Timestamp::now();
     // Every log line of the pass names its RayService.
     let span = tracing::info_span!(
         "reconcile",
@@ -83,6 +84,9 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
             waiting: tracker.last(),
         }),
     };
+    // Inside kube-runtime's span, which names the trigger: what held the reconcile slots, and how long.
+    let ms = Timestamp::now().duration_since(started).as_millis();
+    tracing::debug!(target: "rayshift::pass", %started, ms, next = ?result.as_ref().ok(), "pass ended");
     // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
         ctx.metrics

@@ -1,7 +1,7 @@
 //! Runs the real `rayshift controller` process against a test control plane, one namespace per test.
 
 use std::{
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Write},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
 };
@@ -75,8 +75,15 @@ impl ControllerProcess {
         let logs = Arc::new(Mutex::new(Vec::new()));
         let sink = logs.clone();
         let stderr = child.stderr.take().unwrap();
+        // A copy on disk too, when asked (a benchmark's logs, read after the run).
+        let mut copy = std::env::var("RAYSHIFT_TEST_CONTROLLER_LOG_FILE")
+            .ok()
+            .map(|path| std::fs::File::create(path).expect("create the controller log file"));
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(file) = copy.as_mut() {
+                    let _ = writeln!(file, "{line}");
+                }
                 sink.lock().unwrap().push(line);
             }
         });
