@@ -21,7 +21,7 @@ PASS = re.compile(
     r"object\.ref=RayService\.v1\.ray\.io/(\S+) object\.reason=([^}]*)\}.*pass ended "
     r"started=(\S+) ms=(\d+) next=(.*)"
 )
-STEP = re.compile(r"reconcile\{rayservice=(\S+) namespace=(\S+)\}.*traffic step written .*taken=Some\((\S+)\)")
+STEP = re.compile(r"reconcile\{rayservice=(\S+) namespace=\S+\}.*traffic step written")
 REQUEUE = re.compile(r"requeue_after: Some\(([\d.]+)(ns|µs|ms|s)\)")
 UNIT = {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 
@@ -51,7 +51,8 @@ def read(path):
             continue
         m = STEP.search(line)
         if m:
-            steps.append((m.group(1), instant(m.group(3))))
+            # The line's own time: the step's route was just written.
+            steps.append((m.group(1), instant(line.split()[0])))
     return passes, steps
 
 

@@ -766,11 +766,12 @@ impl Env {
         twist: Twist,
     ) -> (String, Vec<String>) {
         // Every upgrade phase loads at `RATE`: 25 requests/s (with gRPC, 25 HTTP + 25 gRPC calls/s; one
-        // Serve proxy answers both). At 50/s the serving cluster alone took about 0.7 of the 2 cores (BENCHMARKS.md,
-        // "The GPU-worker test at half the rate"), and on 2026-11-27 the load's requests timed out in ResourceAware's
-        // dip (the GPU test in 3 of 5 runs, the 12-phase test's ResourceAware upgrade in the CI of 7e28838) and then
-        // in the 12-phase test's first upgrade at 50/50 (CI of 6549c2f, 89 % CPU pressure), where at 25/s the
-        // ResourceAware upgrade of the same run had p99 359 ms against 1.3–4.2 s in the phases at 50/s.
+        // Serve proxy answers both). At 50/s the serving cluster alone took about 0.7 of the 2 cores
+        // (BENCHMARKS.md, "The GPU-worker test at half the rate"), and on 2026-11-27 the load's requests timed
+        // out in ResourceAware's dip (the GPU test in 3 of 5 runs, the 12-phase test's ResourceAware upgrade in
+        // the CI of 7e28838) and then in the 12-phase test's first upgrade at 50/50 (CI of 6549c2f, 89 % CPU
+        // pressure), where at 25/s the ResourceAware upgrade of the same run had p99 359 ms against 1.3–4.2 s in
+        // the phases at 50/s.
         let pressure = CpuPressure::start();
         let load = Load::start(&self.gateway.url(), RATE, LATENCY_BOUND);
         let grpc = self

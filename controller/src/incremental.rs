@@ -95,13 +95,6 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
         decision = upgrade::decide(&seen, status, &settings, Timestamp::now().max(due));
     }
     apply(p, &attachment, &decision).await?;
-    let (before, taken) = (
-        upgrade::decide::last_step_time(status),
-        upgrade::decide::last_step_time(&decision.status),
-    );
-    if taken != before {
-        tracing::debug!(target: "rayshift::pacing", ?before, ?taken, written = %Timestamp::now(), "traffic step written");
-    }
     *status = decision.status;
     let wake = match decision.step_due {
         Some(due) => Some(due - STEP_LEAD),
@@ -170,7 +163,11 @@ pub fn count(ctx: &Context, rs: &RayService, tallies: &[Tally]) {
         match *tally {
             Tally::Started => metrics.upgrade(&ns, &name, "started", None),
             Tally::CapacityChange(role) => metrics.capacity_change(&ns, &name, role.as_str()),
-            Tally::TrafficStep { waited_seconds } => metrics.traffic_step(&ns, &name, waited_seconds),
+            Tally::TrafficStep { waited_seconds } => {
+                // Counted once its route is written: the log line's own time is when traffic moved.
+                tracing::debug!(target: "rayshift::pacing", ?waited_seconds, "traffic step written");
+                metrics.traffic_step(&ns, &name, waited_seconds);
+            }
             Tally::Finished { result, seconds } => metrics.upgrade(&ns, &name, result.as_str(), seconds),
         }
     }

@@ -207,11 +207,11 @@ fn to_foreground(nodes: &Mutex<Nodes>, pods: &[&Pod], running_nodes: &BTreeSet<S
     }
 }
 
-/// Starts the Ray worker node of a Ready Pod, once. It starts at `BACKGROUND_NICE`, as a new head does where a
-/// test asks (`RayHeads::start_new_heads_in_background`): on a real cluster a worker Pod starts on a GPU node of
-/// its own, and here its start (raylet, Ray's agents, then the replica's Python worker) shared 2 cores with the
-/// old cluster's last replica serving half the traffic during ResourceAware's dip (CI of 2026-11-27 15:13: 248 requests timed out at 90 % CPU
-/// pressure). No request reaches a node before a replica on it is RUNNING; from then on it runs at normal
+/// Starts the Ray worker node of a Ready Pod, once. It starts at `BACKGROUND_NICE`, as a new head does
+/// where a test asks (`RayHeads::start_new_heads_in_background`): on a real cluster a worker Pod starts on a
+/// GPU node of its own, and here its start (raylet, Ray's agents, then the replica's Python worker) shared 2
+/// cores with the old cluster's last replica serving half the traffic during ResourceAware's dip (CI of
+/// 2026-11-27 15:13: 248 requests timed out at 90 % CPU pressure). No request reaches a node before a replica on it is RUNNING; from then on it runs at normal
 /// priority. A test stand-in for separate nodes.
 fn join(nodes: &Mutex<Nodes>, cluster: &str, netns: &str, head_ip: &str, pod: &Pod) {
     let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
