@@ -352,8 +352,7 @@ impl Context {
             .insert(uid, now.clone())
             .or_else(|| newer.then(Levels::default));
         for change in before.map(|b| observed::changes(&b, &now)).unwrap_or_default() {
-            self.event(rs, EventType::Normal, change.reason(), "Observe", change.note())
-                .await;
+            self.event(rs, EventType::Normal, change.reason(), "Observe", change.note());
         }
     }
 
@@ -446,25 +445,20 @@ impl Context {
         self.records().retain_owners(|owner| uids.contains(owner));
     }
 
-    pub(crate) async fn event(
-        &self,
-        rs: &RayService,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
+    /// Queues an Event (the pass does not wait for its write).
+    pub(crate) fn event(&self, rs: &RayService, type_: EventType, reason: &str, action: &str, note: String) {
         let occurrence = Occurrence {
             type_,
             reason: reason.into(),
             action: action.into(),
             note,
         };
-        if self.before_write("Event", "create").is_err() {
+        if self.ensure_leader().is_err() {
             return;
         }
-        if let Err(error) = self.events.publish(&rs.object_ref(&()), occurrence).await {
-            tracing::warn!(%error, reason, "event not recorded");
+        self.metrics.api_write("Event", "create");
+        if !self.events.record(rs.object_ref(&()), occurrence) {
+            tracing::warn!(reason, "event dropped: the queue of Events to write is full");
         }
     }
 }

@@ -4,7 +4,7 @@
 //! first note, so nine of ten traffic steps would vanish from `kubectl get events`. Here the note is part of
 //! the key: only the very same message repeated (a condition that persists) becomes a series.
 
-use std::{collections::HashMap, sync::Mutex};
+use std::collections::HashMap;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::{
@@ -15,9 +15,16 @@ use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
 };
+use tokio::sync::{mpsc, oneshot};
 
 /// Repeats of one message after this long start a new Event (as `kubectl` users expect from Kubernetes).
 const SERIES_TTL: SignedDuration = SignedDuration::from_mins(6);
+
+/// Events waiting to be written per publishing task (client-go's broadcaster holds 1,000).
+const QUEUE_LENGTH: usize = 1024;
+
+/// Tasks writing Events, each its own objects'.
+const PUBLISHERS: usize = 4;
 
 /// Normal or Warning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,27 +63,110 @@ struct Published {
     last: Timestamp,
 }
 
-/// Publishes Events as `controller` (and `instance`, the Pod).
+/// What the publishing task is asked to do, in order.
+enum Queued {
+    /// Stamped when it happened, not when its turn to be written comes.
+    Publish(ObjectReference, Occurrence, Timestamp),
+    Forget(String),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Events queued for tasks that publish them in order per object, as client-go's broadcaster does: a pass
+/// never waits for an Event's write (with 50 upgrades stepping at once, that wait held reconcile slots that due
+/// steps needed), and a full queue drops Events rather than stalling passes. An object's Events all go to one
+/// task (its series are that task's); a few tasks keep a burst (1,000 RayServices starting) draining.
 pub struct EventLog {
-    client: Client,
-    controller: String,
-    instance: String,
-    published: Mutex<HashMap<Key, Published>>,
+    queues: Vec<mpsc::Sender<Queued>>,
 }
 
 impl EventLog {
+    /// Starts the publishing tasks (inside a Tokio runtime).
     pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
-        Self {
-            client,
-            controller: controller.to_string(),
-            instance: instance.unwrap_or_else(|| controller.to_string()),
-            published: Mutex::new(HashMap::new()),
+        let instance = instance.unwrap_or_else(|| controller.to_string());
+        let queues = (0..PUBLISHERS)
+            .map(|_| {
+                let publisher = Publisher {
+                    client: client.clone(),
+                    controller: controller.to_string(),
+                    instance: instance.clone(),
+                    published: HashMap::new(),
+                };
+                let (queue, queued) = mpsc::channel(QUEUE_LENGTH);
+                tokio::spawn(publisher.run(queued));
+                queue
+            })
+            .collect();
+        Self { queues }
+    }
+
+    /// Queues the Event; `false` if its queue was full and it was dropped.
+    pub fn record(&self, regarding: ObjectReference, occurrence: Occurrence) -> bool {
+        let queue = self.queue_of(regarding.uid.as_deref().unwrap_or_default());
+        match queue.try_send(Queued::Publish(regarding, occurrence, Timestamp::now())) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => false,
+            // The tasks are gone only when the runtime is.
+            Err(mpsc::error::TrySendError::Closed(_)) => true,
+        }
+    }
+
+    /// Forgets the series of an object that is gone (after its Events queued before).
+    pub fn forget(&self, uid: &str) {
+        let _ = self.queue_of(uid).try_send(Queued::Forget(uid.to_string()));
+    }
+
+    /// Waits until every Event queued so far is written (or failed), up to `timeout`: before the process exits.
+    pub async fn flush(&self, timeout: std::time::Duration) {
+        let flushed = self.queues.iter().map(|queue| async move {
+            let (done, written) = oneshot::channel();
+            if queue.send(Queued::Flush(done)).await.is_ok() {
+                let _ = written.await;
+            }
+        });
+        let _ = tokio::time::timeout(timeout, futures::future::join_all(flushed)).await;
+    }
+
+    fn queue_of(&self, uid: &str) -> &mpsc::Sender<Queued> {
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(uid, &mut hasher);
+        let shard = std::hash::Hasher::finish(&hasher) as usize % self.queues.len();
+        &self.queues[shard]
+    }
+}
+
+/// Publishes Events as `controller` (and `instance`, the Pod); owned by the publishing task.
+struct Publisher {
+    client: Client,
+    controller: String,
+    instance: String,
+    published: HashMap<Key, Published>,
+}
+
+impl Publisher {
+    async fn run(mut self, mut queued: mpsc::Receiver<Queued>) {
+        while let Some(item) = queued.recv().await {
+            match item {
+                Queued::Publish(regarding, occurrence, at) => {
+                    let reason = occurrence.reason.clone();
+                    if let Err(error) = self.publish(&regarding, occurrence, at).await {
+                        tracing::warn!(%error, reason, "event not recorded");
+                    }
+                }
+                Queued::Forget(uid) => self.published.retain(|k, _| k.regarding != uid),
+                Queued::Flush(done) => {
+                    let _ = done.send(());
+                }
+            }
         }
     }
 
     /// Creates the Event, or counts a repeat of the same message within the TTL into its series.
-    pub async fn publish(&self, regarding: &ObjectReference, occurrence: Occurrence) -> kube::Result<()> {
-        let now = Timestamp::now();
+    async fn publish(
+        &mut self,
+        regarding: &ObjectReference,
+        occurrence: Occurrence,
+        now: Timestamp,
+    ) -> kube::Result<()> {
         let key = Key {
             regarding: regarding.uid.clone().unwrap_or_default(),
             occurrence,
@@ -105,23 +195,20 @@ impl EventLog {
                     .unwrap_or_default()
             }
         };
-        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
-        published.insert(
-            key,
-            Published {
-                name,
-                count,
-                last: now,
-            },
-        );
+        let published = Published {
+            name,
+            count,
+            last: now,
+        };
+        self.published.insert(key, published);
         Ok(())
     }
 
     /// The Event to extend and its next count, if this message was published within the TTL.
-    fn repeat_of(&self, key: &Key, now: Timestamp) -> Option<(String, i32)> {
-        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
-        published.retain(|_, p| now.duration_since(p.last) < SERIES_TTL);
-        published.get(key).map(|p| (p.name.clone(), p.count + 1))
+    fn repeat_of(&mut self, key: &Key, now: Timestamp) -> Option<(String, i32)> {
+        self.published
+            .retain(|_, p| now.duration_since(p.last) < SERIES_TTL);
+        self.published.get(key).map(|p| (p.name.clone(), p.count + 1))
     }
 
     fn event(&self, regarding: &ObjectReference, o: &Occurrence, now: Timestamp) -> K8sEvent {
@@ -144,10 +231,88 @@ impl EventLog {
             ..K8sEvent::default()
         }
     }
+}
 
-    /// Forgets the series of an object that is gone.
-    pub fn forget(&self, uid: &str) {
-        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
-        published.retain(|k, _| k.regarding != uid);
+#[cfg(test)]
+mod tests {
+    use std::{
+        convert::Infallible,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use kube::client::Body;
+
+    use super::*;
+
+    type Requests = Arc<Mutex<Vec<(String, String)>>>;
+
+    /// A client whose apiserver answers every request with an Event named `llm.1`, and notes each request.
+    fn answering(requests: Requests) -> Client {
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            requests
+                .lock()
+                .unwrap()
+                .push((req.method().to_string(), req.uri().path().to_string()));
+            let event = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "llm.1"}});
+            let body = Body::from(serde_json::to_vec(&event).unwrap());
+            async move { Ok::<_, Infallible>(http::Response::new(body)) }
+        });
+        Client::new(service, "default")
+    }
+
+    fn regarding(uid: &str) -> ObjectReference {
+        ObjectReference {
+            name: Some("llm".into()),
+            namespace: Some("ns".into()),
+            uid: Some(uid.into()),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn step(note: &str) -> Occurrence {
+        Occurrence {
+            type_: EventType::Normal,
+            reason: "UpdatedHTTPRoute".into(),
+            action: "Update".into(),
+            note: note.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn queued_events_are_written_in_order_and_a_repeat_extends_its_series() {
+        let requests = Requests::default();
+        let log = EventLog::new(answering(requests.clone()), "rayshift", None);
+        assert!(log.record(regarding("u1"), step("25 to 50")));
+        assert!(log.record(regarding("u1"), step("25 to 50")));
+        assert!(log.record(regarding("u1"), step("50 to 75")));
+        log.flush(Duration::from_secs(5)).await;
+        let events = "/apis/events.k8s.io/v1/namespaces/ns/events";
+        let expected = [
+            ("POST".to_string(), events.to_string()),
+            ("PATCH".to_string(), format!("{events}/llm.1")),
+            ("POST".to_string(), events.to_string()),
+        ];
+        assert_eq!(*requests.lock().unwrap(), expected);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_events_instead_of_waiting() {
+        // An apiserver that never answers: the first Event's write hangs, the rest queue up.
+        let service = tower::service_fn(|_: http::Request<Body>| {
+            std::future::pending::<Result<http::Response<Body>, Infallible>>()
+        });
+        let log = EventLog::new(Client::new(service, "default"), "rayshift", None);
+        let accepted = (0..QUEUE_LENGTH + 2)
+            .take_while(|i| log.record(regarding("u1"), step(&i.to_string())))
+            .count();
+        // One object's Events share one queue; the task may already hold the first.
+        assert!(
+            (QUEUE_LENGTH..=QUEUE_LENGTH + 1).contains(&accepted),
+            "{accepted}"
+        );
+        // Another object's queue may still take one.
+        let others = (0..16).any(|i| log.record(regarding(&format!("other-{i}")), step("x")));
+        assert!(others);
     }
 }

@@ -283,8 +283,7 @@ async fn apply(p: &Pass<'_>, attachment: &Attachment, decision: &StepDecision) -
             EventType::Normal
         };
         p.ctx
-            .event(p.rs, type_, notice.reason, notice.action, notice.note.clone())
-            .await;
+            .event(p.rs, type_, notice.reason, notice.action, notice.note.clone());
     }
     Ok(())
 }
@@ -432,8 +431,7 @@ where
     }
     let note = format!("Deleted {kind} {}/{name}: {why}", p.ns);
     p.ctx
-        .event(p.rs, EventType::Normal, &format!("Deleted{kind}"), "Delete", note)
-        .await;
+        .event(p.rs, EventType::Normal, &format!("Deleted{kind}"), "Delete", note);
     Ok(())
 }
 

@@ -323,6 +323,7 @@ async fn run_controller(
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
     };
+    let queued_events = ctx.clone();
     controller
         .watches_stream(head_stream, move |pod| owner_of_pod(&clusters, &pod))
         .graceful_shutdown_on(stop)
@@ -333,6 +334,8 @@ async fn run_controller(
             }
         })
         .await;
+    // The last passes' Events, before the process exits.
+    queued_events.events.flush(Duration::from_secs(2)).await;
     forget_task.abort();
     health_task.abort();
     tracing::info!("controller stopped");

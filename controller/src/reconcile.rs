@@ -411,8 +411,7 @@ async fn apply(
     if let Some(p) = &decision.promoted {
         let from = seen.active.clone().unwrap_or_else(|| "none".into());
         let note = format!("Promoted RayCluster {ns}/{p} (was {from}): it serves all traffic now");
-        ctx.event(rs, EventType::Normal, "Promoted", "Reconcile", note)
-            .await;
+        ctx.event(rs, EventType::Normal, "Promoted", "Reconcile", note);
     }
     Ok(applied)
 }
@@ -560,8 +559,7 @@ async fn tell_dashboard_problem(
         return;
     }
     let note = problem.to_string();
-    ctx.event(rs, EventType::Warning, "DashboardUnreachable", "Reconcile", note)
-        .await;
+    ctx.event(rs, EventType::Warning, "DashboardUnreachable", "Reconcile", note);
 }
 
 /// Requeue only when something is due: a step, a deletion, a cluster still starting or Serve apps still
@@ -665,8 +663,7 @@ impl NotReady {
         ));
         status.service_status = Some(String::new());
         if conditions::status_changed(Some(previous), &status) {
-            ctx.event(rs, EventType::Warning, self.event, self.action, note)
-                .await;
+            ctx.event(rs, EventType::Warning, self.event, self.action, note);
             write_status(rs, ctx, &status).await?;
         }
         Ok(())
@@ -804,8 +801,7 @@ async fn update_head_serve_label(
         "UpdatedHeadPodServeLabel",
         "Update",
         format!("Updated the serve label to \"{want}\" for the Head Pod {ns}/{pod_name}"),
-    )
-    .await;
+    );
     Ok(failing)
 }
 
@@ -884,8 +880,7 @@ async fn adopt_kuberay_clusters(
             "Adopted RayCluster {} (built by KubeRay): {outcome}",
             s.cluster.name_any()
         );
-        ctx.event(rs, EventType::Normal, "AdoptedRayCluster", "Reconcile", note)
-            .await;
+        ctx.event(rs, EventType::Normal, "AdoptedRayCluster", "Reconcile", note);
     }
     Ok(())
 }
@@ -925,8 +920,7 @@ async fn release_kuberay_finalizer(rs: RayService, ctx: &Context) -> Result<RayS
         "ReleasedKubeRayFinalizer",
         "Reconcile",
         note,
-    )
-    .await;
+    );
     Ok(released)
 }
 
@@ -948,8 +942,7 @@ async fn apply_cluster_actions(
                 let body = children::ray_cluster(rs, name, None, unset, Some(config));
                 apply_cluster(ctx, api, name, &body).await?;
                 let note = format!("Created RayCluster {ns}/{name}");
-                ctx.event(rs, EventType::Normal, "CreatedRayCluster", "Create", note)
-                    .await;
+                ctx.event(rs, EventType::Normal, "CreatedRayCluster", "Create", note);
             }
             ClusterAction::UpdateSpec { name } => {
                 // Keep the replica counts the autoscaler chose.
@@ -962,8 +955,7 @@ async fn apply_cluster_actions(
                 let body = children::ray_cluster(rs, name, keep.as_ref(), false, config.as_deref());
                 apply_cluster(ctx, api, name, &body).await?;
                 let note = format!("Updated RayCluster {ns}/{name} in place");
-                ctx.event(rs, EventType::Normal, "UpdatedRayCluster", "Update", note)
-                    .await;
+                ctx.event(rs, EventType::Normal, "UpdatedRayCluster", "Update", note);
             }
             ClusterAction::UpdateScale { name } => {
                 let Some(s) = seen.get(name) else { continue };
@@ -977,8 +969,7 @@ async fn apply_cluster_actions(
                     "UpdatedRayCluster",
                     "Update",
                     format!("Updated worker replicas of RayCluster {ns}/{name} in place"),
-                )
-                .await;
+                );
             }
             ClusterAction::ScheduleDeletion { name, at } => {
                 let patch = json!({"metadata": {"annotations": {DELETE_AFTER_ANNOTATION: at.to_string()}}});
@@ -1002,16 +993,13 @@ async fn delete_cluster(rs: &RayService, ctx: &Context, api: &Api<RayCluster>, n
     }
     ctx.before_write("RayCluster", "delete")?;
     match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => {
-            ctx.event(
-                rs,
-                EventType::Normal,
-                "DeletedRayCluster",
-                "Delete",
-                format!("Deleted RayCluster {ns}/{name}"),
-            )
-            .await
-        }
+        Ok(_) => ctx.event(
+            rs,
+            EventType::Normal,
+            "DeletedRayCluster",
+            "Delete",
+            format!("Deleted RayCluster {ns}/{name}"),
+        ),
         Err(kube::Error::Api(s)) if s.is_not_found() => {}
         Err(e) => {
             ctx.event(
@@ -1020,8 +1008,7 @@ async fn delete_cluster(rs: &RayService, ctx: &Context, api: &Api<RayCluster>, n
                 "FailedToDeleteRayCluster",
                 "Delete",
                 format!("{ns}/{name}: {e}"),
-            )
-            .await;
+            );
             return Err(e.into());
         }
     }
@@ -1150,8 +1137,7 @@ async fn push_serve_config(
                 "UpdatedServeApplications",
                 "Update",
                 format!("Updated serve applications on RayCluster {ns}/{name}"),
-            )
-            .await;
+            );
             Ok(true)
         }
         Err(e) => {
@@ -1161,8 +1147,7 @@ async fn push_serve_config(
                 "FailedToUpdateServeApplications",
                 "Update",
                 e.to_string(),
-            )
-            .await;
+            );
             Err(e)
         }
     }

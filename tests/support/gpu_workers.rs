@@ -177,7 +177,7 @@ async fn pass(
             join(nodes, &name, &netns, &head_ip, pod);
         }
         if let Some(serve) = look(http, &head_ip).await {
-            to_foreground(nodes, &mine, &serve.running_nodes);
+            to_foreground(nodes, &mine, &serve.running_nodes).await;
             let wanted = serve.replicas.values().sum();
             scale(&clusters, &cluster, &mine, wanted, &serve.replica_nodes).await?;
         }
@@ -190,19 +190,31 @@ fn gated(pod: &Pod) -> bool {
     gates.is_some_and(|g| g.iter().any(|g| g.name == SERVE_GATE))
 }
 
-/// Gives the background worker nodes of `pods` that now run a RUNNING replica normal priority.
-fn to_foreground(nodes: &Mutex<Nodes>, pods: &[&Pod], running_nodes: &BTreeSet<String>) {
-    let mut nodes = nodes.lock().unwrap();
-    for pod in pods {
-        let Some(worker) = nodes.running.get_mut(&pod.name_any()) else {
-            continue;
-        };
-        if worker.background && running_nodes.contains(&worker.ip) {
-            let status = Command::new("bash")
+/// Gives the background worker nodes of `pods` that now run a RUNNING replica normal priority. The renice
+/// runs on a blocking thread with the lock released: `join` and `started` must not wait for a subprocess.
+async fn to_foreground(nodes: &Mutex<Nodes>, pods: &[&Pod], running_nodes: &BTreeSet<String>) {
+    let due: Vec<(String, u32)> = {
+        let nodes = nodes.lock().unwrap();
+        pods.iter()
+            .filter_map(|pod| Some((pod.name_any(), nodes.running.get(&pod.name_any())?)))
+            .filter(|(_, w)| w.background && running_nodes.contains(&w.ip))
+            .map(|(pod, w)| (pod, w.group))
+            .collect()
+    };
+    for (pod, group) in due {
+        let raised = tokio::task::spawn_blocking(move || {
+            Command::new("bash")
                 .arg(script())
-                .args(["tree-priority", &worker.group.to_string(), "0"])
-                .status();
-            worker.background = !status.is_ok_and(|s| s.success());
+                .args(["tree-priority", &group.to_string(), "0"])
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .await
+        .unwrap_or(false);
+        // The node may have gone (or been started again) meanwhile; a failed renice is tried again next pass.
+        let mut nodes = nodes.lock().unwrap();
+        if let Some(worker) = nodes.running.get_mut(&pod).filter(|w| w.group == group) {
+            worker.background = !raised;
         }
     }
 }
