@@ -63,10 +63,16 @@ struct Published {
     last: Timestamp,
 }
 
+/// An Event to write, stamped when it happened (not when its turn to be written comes).
+struct Pending {
+    regarding: ObjectReference,
+    occurrence: Occurrence,
+    at: Timestamp,
+}
+
 /// What the publishing task is asked to do, in order.
 enum Queued {
-    /// Stamped when it happened, not when its turn to be written comes.
-    Publish(ObjectReference, Occurrence, Timestamp),
+    Publish(Box<Pending>),
     Forget(String),
     Flush(oneshot::Sender<()>),
 }
@@ -102,7 +108,12 @@ impl EventLog {
     /// Queues the Event; `false` if its queue was full and it was dropped.
     pub fn record(&self, regarding: ObjectReference, occurrence: Occurrence) -> bool {
         let queue = self.queue_of(regarding.uid.as_deref().unwrap_or_default());
-        match queue.try_send(Queued::Publish(regarding, occurrence, Timestamp::now())) {
+        let pending = Pending {
+            regarding,
+            occurrence,
+            at: Timestamp::now(),
+        };
+        match queue.try_send(Queued::Publish(Box::new(pending))) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => false,
             // The tasks are gone only when the runtime is.
@@ -146,7 +157,12 @@ impl Publisher {
     async fn run(mut self, mut queued: mpsc::Receiver<Queued>) {
         while let Some(item) = queued.recv().await {
             match item {
-                Queued::Publish(regarding, occurrence, at) => {
+                Queued::Publish(pending) => {
+                    let Pending {
+                        regarding,
+                        occurrence,
+                        at,
+                    } = *pending;
                     let reason = occurrence.reason.clone();
                     if let Err(error) = self.publish(&regarding, occurrence, at).await {
                         tracing::warn!(%error, reason, "event not recorded");
