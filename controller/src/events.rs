@@ -78,9 +78,9 @@ enum Queued {
 }
 
 /// Events queued for tasks that publish them in order per object, as client-go's broadcaster does: a pass
-/// never waits for an Event's write (with 50 upgrades stepping at once, that wait held reconcile slots that due
-/// steps needed), and a full queue drops Events rather than stalling passes. An object's Events all go to one
-/// task (its series are that task's); a few tasks keep a burst (1,000 RayServices starting) draining.
+/// never waits for an Event's write (a slow or failing Events API would hold reconcile slots), and a full
+/// queue drops Events rather than stalling passes. An object's Events all go to one task (its series are that
+/// task's); a few tasks keep a burst (1,000 RayServices starting) draining.
 pub struct EventLog {
     queues: Vec<mpsc::Sender<Queued>>,
 }
