@@ -456,8 +456,10 @@ impl Context {
         if self.ensure_leader().is_err() {
             return;
         }
-        self.metrics.api_write("Event", "create");
-        if !self.events.record(rs.object_ref(&()), occurrence) {
+        // Counted once queued: a dropped Event is never written.
+        if self.events.record(rs.object_ref(&()), occurrence) {
+            self.metrics.api_write("Event", "create");
+        } else {
             tracing::warn!(reason, "event dropped: the queue of Events to write is full");
         }
     }

@@ -196,9 +196,11 @@ async fn to_foreground(nodes: &Mutex<Nodes>, pods: &[&Pod], running_nodes: &BTre
     let due: Vec<(String, u32)> = {
         let nodes = nodes.lock().unwrap();
         pods.iter()
-            .filter_map(|pod| Some((pod.name_any(), nodes.running.get(&pod.name_any())?)))
-            .filter(|(_, w)| w.background && running_nodes.contains(&w.ip))
-            .map(|(pod, w)| (pod, w.group))
+            .map(|pod| pod.name_any())
+            .filter_map(|pod| {
+                let w = nodes.running.get(&pod)?;
+                (w.background && running_nodes.contains(&w.ip)).then_some((pod, w.group))
+            })
             .collect()
     };
     for (pod, group) in due {
