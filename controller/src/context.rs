@@ -457,10 +457,9 @@ impl Context {
             return;
         }
         // Counted once queued: a dropped Event is never written.
-        if self.events.record(rs.object_ref(&()), occurrence) {
-            self.metrics.api_write("Event", "create");
-        } else {
-            tracing::warn!(reason, "event dropped: the queue of Events to write is full");
+        match self.events.record(rs.object_ref(&()), occurrence) {
+            Ok(()) => self.metrics.api_write("Event", "create"),
+            Err(why) => tracing::warn!(reason, why = why.as_str(), "event dropped"),
         }
     }
 }

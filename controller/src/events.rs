@@ -51,12 +51,6 @@ pub struct Occurrence {
     pub note: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Key {
-    regarding: String,
-    occurrence: Occurrence,
-}
-
 struct Published {
     name: String,
     count: i32,
@@ -68,6 +62,24 @@ struct Pending {
     regarding: ObjectReference,
     occurrence: Occurrence,
     at: Timestamp,
+}
+
+/// Why an Event was not queued (it is never written).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dropped {
+    /// Its publishing task has this many Events waiting already.
+    QueueFull,
+    /// Its publishing task is gone (the runtime is shutting down).
+    PublisherGone,
+}
+
+impl Dropped {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dropped::QueueFull => "the queue of Events to write is full",
+            Dropped::PublisherGone => "the task writing Events has stopped",
+        }
+    }
 }
 
 /// What the publishing task is asked to do, in order.
@@ -95,7 +107,7 @@ impl EventLog {
                     client: client.clone(),
                     controller: controller.to_string(),
                     instance: instance.clone(),
-                    published: HashMap::new(),
+                    series: Series::default(),
                 };
                 let (queue, queued) = mpsc::channel(QUEUE_LENGTH);
                 tokio::spawn(publisher.run(queued));
@@ -105,20 +117,20 @@ impl EventLog {
         Self { queues }
     }
 
-    /// Queues the Event; `false` if its queue was full and it was dropped.
-    pub fn record(&self, regarding: ObjectReference, occurrence: Occurrence) -> bool {
+    /// Queues the Event, or says why it was dropped.
+    pub fn record(&self, regarding: ObjectReference, occurrence: Occurrence) -> Result<(), Dropped> {
         let queue = self.queue_of(regarding.uid.as_deref().unwrap_or_default());
         let pending = Pending {
             regarding,
             occurrence,
             at: Timestamp::now(),
         };
-        match queue.try_send(Queued::Publish(Box::new(pending))) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => false,
-            // The tasks are gone only when the runtime is.
-            Err(mpsc::error::TrySendError::Closed(_)) => true,
-        }
+        queue
+            .try_send(Queued::Publish(Box::new(pending)))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => Dropped::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => Dropped::PublisherGone,
+            })
     }
 
     /// Forgets the series of an object that is gone (after its Events queued before).
@@ -150,7 +162,58 @@ struct Publisher {
     client: Client,
     controller: String,
     instance: String,
-    published: HashMap<Key, Published>,
+    series: Series,
+}
+
+/// The Events published within the TTL, by object uid then message: a lookup per Event and forgetting an
+/// object stay O(1) with thousands of RayServices; expired entries go in a sweep at most once per minute.
+#[derive(Default)]
+struct Series {
+    by_object: HashMap<String, HashMap<Occurrence, Published>>,
+    swept: Option<Timestamp>,
+}
+
+/// How often expired series are swept out (their lookups already ignore them).
+const SWEEP_EVERY: SignedDuration = SignedDuration::from_mins(1);
+
+impl Series {
+    /// The Event to extend and its next count, if this message was published within the TTL.
+    fn repeat_of(&mut self, uid: &str, occurrence: &Occurrence, now: Timestamp) -> Option<(String, i32)> {
+        self.sweep(now);
+        let p = self.by_object.get(uid)?.get(occurrence)?;
+        live(p, now).then(|| (p.name.clone(), p.count + 1))
+    }
+
+    fn insert(&mut self, uid: String, occurrence: Occurrence, published: Published) {
+        self.by_object
+            .entry(uid)
+            .or_default()
+            .insert(occurrence, published);
+    }
+
+    fn forget(&mut self, uid: &str) {
+        self.by_object.remove(uid);
+    }
+
+    fn sweep(&mut self, now: Timestamp) {
+        if self.swept.is_some_and(|at| now.duration_since(at) < SWEEP_EVERY) {
+            return;
+        }
+        self.swept = Some(now);
+        self.by_object.retain(|_, messages| {
+            messages.retain(|_, p| live(p, now));
+            !messages.is_empty()
+        });
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_object.values().map(HashMap::len).sum()
+    }
+}
+
+fn live(p: &Published, now: Timestamp) -> bool {
+    now.duration_since(p.last) < SERIES_TTL
 }
 
 impl Publisher {
@@ -168,7 +231,7 @@ impl Publisher {
                         tracing::warn!(%error, reason, "event not recorded");
                     }
                 }
-                Queued::Forget(uid) => self.published.retain(|k, _| k.regarding != uid),
+                Queued::Forget(uid) => self.series.forget(&uid),
                 Queued::Flush(done) => {
                     let _ = done.send(());
                 }
@@ -183,11 +246,8 @@ impl Publisher {
         occurrence: Occurrence,
         now: Timestamp,
     ) -> kube::Result<()> {
-        let key = Key {
-            regarding: regarding.uid.clone().unwrap_or_default(),
-            occurrence,
-        };
-        let repeat = self.repeat_of(&key, now);
+        let uid = regarding.uid.clone().unwrap_or_default();
+        let repeat = self.series.repeat_of(&uid, &occurrence, now);
         let count = repeat.as_ref().map_or(1, |(_, count)| *count);
         let namespace = regarding.namespace.clone().unwrap_or_else(|| "default".into());
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
@@ -203,7 +263,7 @@ impl Publisher {
                 name
             }
             None => {
-                let event = self.event(regarding, &key.occurrence, now);
+                let event = self.event(regarding, &occurrence, now);
                 api.create(&PostParams::default(), &event)
                     .await?
                     .metadata
@@ -216,15 +276,8 @@ impl Publisher {
             count,
             last: now,
         };
-        self.published.insert(key, published);
+        self.series.insert(uid, occurrence, published);
         Ok(())
-    }
-
-    /// The Event to extend and its next count, if this message was published within the TTL.
-    fn repeat_of(&mut self, key: &Key, now: Timestamp) -> Option<(String, i32)> {
-        self.published
-            .retain(|_, p| now.duration_since(p.last) < SERIES_TTL);
-        self.published.get(key).map(|p| (p.name.clone(), p.count + 1))
     }
 
     fn event(&self, regarding: &ObjectReference, o: &Occurrence, now: Timestamp) -> K8sEvent {
@@ -299,9 +352,9 @@ mod tests {
     async fn queued_events_are_written_in_order_and_a_repeat_extends_its_series() {
         let requests = Requests::default();
         let log = EventLog::new(answering(requests.clone()), "rayshift", None);
-        assert!(log.record(regarding("u1"), step("25 to 50")));
-        assert!(log.record(regarding("u1"), step("25 to 50")));
-        assert!(log.record(regarding("u1"), step("50 to 75")));
+        for note in ["25 to 50", "25 to 50", "50 to 75"] {
+            assert_eq!(log.record(regarding("u1"), step(note)), Ok(()));
+        }
         log.flush(Duration::from_secs(5)).await;
         let events = "/apis/events.k8s.io/v1/namespaces/ns/events";
         let expected = [
@@ -320,7 +373,7 @@ mod tests {
         });
         let log = EventLog::new(Client::new(service, "default"), "rayshift", None);
         let accepted = (0..QUEUE_LENGTH + 2)
-            .take_while(|i| log.record(regarding("u1"), step(&i.to_string())))
+            .take_while(|i| log.record(regarding("u1"), step(&i.to_string())).is_ok())
             .count();
         // One object's Events share one queue; the task may already hold the first.
         assert!(
@@ -328,7 +381,67 @@ mod tests {
             "{accepted}"
         );
         // Another object's queue may still take one.
-        let others = (0..16).any(|i| log.record(regarding(&format!("other-{i}")), step("x")));
+        let others = (0..16).any(|i| log.record(regarding(&format!("other-{i}")), step("x")).is_ok());
         assert!(others);
+        assert_eq!(log.record(regarding("u1"), step("more")), Err(Dropped::QueueFull));
+    }
+
+    fn published(name: &str, last: Timestamp) -> Published {
+        Published {
+            name: name.into(),
+            count: 1,
+            last,
+        }
+    }
+
+    #[test]
+    fn a_series_lasts_its_ttl_and_expired_ones_are_swept() {
+        let start = Timestamp::UNIX_EPOCH;
+        let mut series = Series::default();
+        series.insert("u1".into(), step("25 to 50"), published("llm.1", start));
+        series.insert("u2".into(), step("25 to 50"), published("llm.2", start));
+        let later = start + SERIES_TTL - SignedDuration::from_secs(1);
+        assert_eq!(
+            series.repeat_of("u1", &step("25 to 50"), later),
+            Some(("llm.1".into(), 2))
+        );
+        // Another message, another object: not a repeat.
+        assert_eq!(series.repeat_of("u1", &step("50 to 75"), later), None);
+        assert_eq!(series.repeat_of("u3", &step("25 to 50"), later), None);
+        // Expired: no longer a repeat, even before a sweep removes it.
+        let expired = start + SERIES_TTL;
+        series.swept = Some(expired);
+        assert_eq!(series.repeat_of("u1", &step("25 to 50"), expired), None);
+        assert_eq!(series.len(), 2);
+        // The next sweep is due a minute later and removes both.
+        assert_eq!(
+            series.repeat_of("u1", &step("25 to 50"), expired + SWEEP_EVERY),
+            None
+        );
+        assert_eq!(series.len(), 0);
+    }
+
+    #[test]
+    fn forgetting_an_object_drops_only_its_series() {
+        let now = Timestamp::UNIX_EPOCH;
+        let mut series = Series::default();
+        series.insert("u1".into(), step("a"), published("llm.1", now));
+        series.insert("u1".into(), step("b"), published("llm.2", now));
+        series.insert("u2".into(), step("a"), published("llm.3", now));
+        series.forget("u1");
+        assert_eq!(series.len(), 1);
+        assert_eq!(series.repeat_of("u2", &step("a"), now), Some(("llm.3".into(), 2)));
+    }
+
+    #[test]
+    fn an_event_after_the_publishers_stopped_is_reported_dropped() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let log = runtime.block_on(async { EventLog::new(answering(Requests::default()), "rayshift", None) });
+        // The publishing tasks end with their runtime.
+        drop(runtime);
+        assert_eq!(
+            log.record(regarding("u1"), step("25 to 50")),
+            Err(Dropped::PublisherGone)
+        );
     }
 }
