@@ -242,16 +242,71 @@ async fn run_controller(
         .list(&kube::api::ListParams::default().limit(1))
         .await
         .map_err(Error::RayServiceCrdMissing)?;
-    let dashboard = dashboard::Dashboard::new(
-        config.dashboard_route.clone(),
-        config.dashboard_timeout,
-        config.dashboard_max_in_flight,
-        client.clone(),
-        metrics.clone(),
-    )?;
+    let (caches, fills) = read_caches(ns);
+    let started = start_context(&client, config, metrics, leading, caches)?;
+    let ctx = started.ctx;
+    let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
+    let forget_task = forget_deleted(api(&client, ns), ctx.clone(), config.readiness.clone());
+    // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
+    let cluster_stream = indexed(&client, ns, owned(), fills.clusters, fills.clusters_by_owner);
+    let head_stream = indexed(&client, ns, head_pods(), fills.heads, fills.heads_by_cluster);
+    let (rayservices, rayservice_writer) = reflector::store::<RayService>();
+    let rayservice_stream =
+        reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
+    let mut controller = Controller::for_stream(rayservice_stream, rayservices)
+        .with_config(controller::Config::default().concurrency(config.options.concurrency))
+        .trigger_backoff(NoPause)
+        .reconcile_on(started.unsettled)
+        .owns_stream(cluster_stream)
+        .owns_stream(cached(&client, ns, owned(), fills.services));
+    if gateway_api {
+        controller = watch_gateway_api(controller, &client, ns, fills.gateway_api).await;
+    }
+    let stop = async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    let clusters = fills.cluster_store;
+    controller
+        .watches_stream(head_stream, move |pod| owner_of_pod(&clusters, &pod))
+        .graceful_shutdown_on(stop)
+        .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile result");
+            }
+        })
+        .await;
+    // The last passes' Events, before the process exits.
+    ctx.events.flush(Duration::from_secs(2)).await;
+    forget_task.abort();
+    started.health_task.abort();
+    tracing::info!("controller stopped");
+    Ok(())
+}
+
+/// What fills the read caches: a writer per store (and the label indexes that follow two of them).
+struct CacheFills {
+    clusters: reflector::store::Writer<RayCluster>,
+    clusters_by_owner: LabelIndex,
+    /// The RayCluster store, to map a head Pod to its RayService.
+    cluster_store: reflector::Store<RayCluster>,
+    heads: reflector::store::Writer<Pod>,
+    heads_by_cluster: LabelIndex,
+    services: reflector::store::Writer<Service>,
+    gateway_api: GatewayApiFills,
+}
+
+struct GatewayApiFills {
+    gateways: reflector::store::Writer<Gateway>,
+    routes: reflector::store::Writer<HttpRoute>,
+    grpc_routes: reflector::store::Writer<GrpcRoute>,
+}
+
+/// The controller's read caches, empty until their watches fill them.
+fn read_caches(ns: Option<&str>) -> (context::Caches, CacheFills) {
     let (clusters, cluster_writer) = reflector::store::<RayCluster>();
     let (heads, head_writer) = reflector::store::<Pod>();
-    let (services_cache, service_writer) = reflector::store::<Service>();
+    let (services, service_writer) = reflector::store::<Service>();
     let (gateways, gateway_writer) = reflector::store::<Gateway>();
     let (routes, route_writer) = reflector::store::<HttpRoute>();
     let (grpc_routes, grpc_route_writer) = reflector::store::<GrpcRoute>();
@@ -260,12 +315,50 @@ async fn run_controller(
     let caches = context::Caches {
         clusters: context::Indexed::new(clusters.clone(), clusters_by_owner.clone(), "RayCluster"),
         heads: context::Indexed::new(heads, heads_by_cluster.clone(), "Pod"),
-        services: services_cache,
+        services,
         gateways,
         routes,
         grpc_routes,
         namespace: ns.map(str::to_string),
     };
+    let fills = CacheFills {
+        clusters: cluster_writer,
+        clusters_by_owner,
+        cluster_store: clusters,
+        heads: head_writer,
+        heads_by_cluster,
+        services: service_writer,
+        gateway_api: GatewayApiFills {
+            gateways: gateway_writer,
+            routes: route_writer,
+            grpc_routes: grpc_route_writer,
+        },
+    };
+    (caches, fills)
+}
+
+/// The passes' shared context, with the health timer running beside it.
+struct Started {
+    ctx: Arc<Context>,
+    /// RayServices the health timer found changed, to reconcile.
+    unsettled: futures::channel::mpsc::UnboundedReceiver<ObjectRef<RayService>>,
+    health_task: tokio::task::JoinHandle<()>,
+}
+
+fn start_context(
+    client: &Client,
+    config: &RunConfig,
+    metrics: metrics::Metrics,
+    leading: Option<Arc<leader::Leadership>>,
+    caches: context::Caches,
+) -> Result<Started> {
+    let dashboard = dashboard::Dashboard::new(
+        config.dashboard_route.clone(),
+        config.dashboard_timeout,
+        config.dashboard_max_in_flight,
+        client.clone(),
+        metrics.clone(),
+    )?;
     let options = &config.options;
     let (health, unsettled) = HealthTimer::new(options.serve_health_interval, options.resync_interval);
     let health = Arc::new(health);
@@ -280,66 +373,45 @@ async fn run_controller(
         .map(|url| slo::Prometheus::new(url, config.dashboard_timeout))
         .transpose()?;
     let ctx = Context::new(client.clone(), dashboard, options.clone(), metrics, health);
-    let ctx = Arc::new(
-        ctx.with_leadership(leading)
-            .with_caches(caches)
-            .with_prometheus(prometheus),
-    );
-    let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
-    let forget_task = forget_deleted(api(&client, ns), ctx.clone(), config.readiness.clone());
-    // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
-    let cluster_stream = indexed(&client, ns, owned(), cluster_writer, clusters_by_owner);
-    let head_stream = indexed(&client, ns, head_pods(), head_writer, heads_by_cluster);
-    let (rayservices, rayservice_writer) = reflector::store::<RayService>();
-    let rayservice_stream =
-        reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
-    let mut controller = Controller::for_stream(rayservice_stream, rayservices)
-        .with_config(controller::Config::default().concurrency(config.options.concurrency))
-        .trigger_backoff(NoPause)
-        .reconcile_on(unsettled)
-        .owns_stream(cluster_stream)
-        .owns_stream(cached(&client, ns, owned(), service_writer));
-    if gateway_api {
-        let any = watcher::Config::default;
-        let (by_route, by_gateway) = (controller.store(), controller.store());
-        controller = controller
-            .watches_stream(cached(&client, ns, any(), route_writer), move |route| {
-                let ns = route.namespace().unwrap_or_default();
-                referrers(&by_route, &route, |rs_ns, a| {
-                    matches!(a, Attachment::AdoptedRoute { name, .. } if *name == route.name_any() && rs_ns == ns)
-                })
+    let ctx = ctx
+        .with_leadership(leading)
+        .with_caches(caches)
+        .with_prometheus(prometheus);
+    Ok(Started {
+        ctx: Arc::new(ctx),
+        unsettled,
+        health_task,
+    })
+}
+
+/// Routes and Gateways wake the RayServices that refer to them (adopted routes, shared Gateways); GRPCRoutes
+/// are owned.
+async fn watch_gateway_api(
+    controller: Controller<RayService>,
+    client: &Client,
+    ns: Option<&str>,
+    fills: GatewayApiFills,
+) -> Controller<RayService> {
+    let any = watcher::Config::default;
+    let (by_route, by_gateway) = (controller.store(), controller.store());
+    let controller = controller
+        .watches_stream(cached(client, ns, any(), fills.routes), move |route| {
+            let ns = route.namespace().unwrap_or_default();
+            referrers(&by_route, &route, |rs_ns, a| {
+                matches!(a, Attachment::AdoptedRoute { name, .. } if *name == route.name_any() && rs_ns == ns)
             })
-            .watches_stream(cached(&client, ns, any(), gateway_writer), move |gw| {
-                let ns = gw.namespace().unwrap_or_default();
-                referrers(&by_gateway, &gw, |_, a| {
-                    matches!(a, Attachment::SharedGateway(r) if r.name == gw.name_any() && r.namespace == ns)
-                })
-            });
-        // GRPCRoute is in the standard channel since Gateway API v1.1; older installs lack it.
-        if served::<GrpcRoute>(&client, ns).await {
-            controller = controller.owns_stream(cached(&client, ns, any(), grpc_route_writer));
-        }
-    }
-    let stop = async move {
-        let _ = shutdown.wait_for(|s| *s).await;
-    };
-    let queued_events = ctx.clone();
-    controller
-        .watches_stream(head_stream, move |pod| owner_of_pod(&clusters, &pod))
-        .graceful_shutdown_on(stop)
-        .run(reconcile::reconcile, reconcile::error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "reconcile result");
-            }
         })
-        .await;
-    // The last passes' Events, before the process exits.
-    queued_events.events.flush(Duration::from_secs(2)).await;
-    forget_task.abort();
-    health_task.abort();
-    tracing::info!("controller stopped");
-    Ok(())
+        .watches_stream(cached(client, ns, any(), fills.gateways), move |gw| {
+            let ns = gw.namespace().unwrap_or_default();
+            referrers(&by_gateway, &gw, |_, a| {
+                matches!(a, Attachment::SharedGateway(r) if r.name == gw.name_any() && r.namespace == ns)
+            })
+        });
+    // GRPCRoute is in the standard channel since Gateway API v1.1; older installs lack it.
+    if served::<GrpcRoute>(client, ns).await {
+        return controller.owns_stream(cached(client, ns, any(), fills.grpc_routes));
+    }
+    controller
 }
 
 /// Whether the apiserver serves this kind (its CRD is installed).

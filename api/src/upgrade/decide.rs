@@ -199,32 +199,14 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
             reason: WaitReason::SloChecks,
         };
     }
-    if let Action::Wait { until, reason } = action {
-        wait(&mut d, &observed, s, &pacing, until, reason);
-        return d;
-    }
     let sides = Sides {
         active,
         pending,
         observed: &observed,
         namespace: &s.namespace,
     };
-    match action {
-        Action::SetTargetCapacity { role, percent } => {
-            if !set_target_capacity(&mut d, &sides, role, percent) {
-                let wait_reason = match role {
-                    Role::Active => WaitReason::ActiveCapacityNotReady,
-                    Role::Pending => WaitReason::PendingCapacityNotReady,
-                };
-                set_progressing(&mut d.status, Some(wait_reason), s, now);
-                d.wake = Some(now + s.serve_poll);
-                return d;
-            }
-        }
-        Action::SetTraffic { active, pending } => set_traffic(&mut d, &sides, active, pending),
-        Action::Promote => promote(&mut d, &sides),
-        Action::FinishRollback => finish_rollback(&mut d, &sides, s, now),
-        Action::Wait { .. } => unreachable!("handled above"),
+    if !act(&mut d, &sides, action, &pacing, s, now) {
+        return d;
     }
     expect_completion(&mut d, &observed, s, &pacing);
     if d.status.pending_service_status.is_some() {
@@ -234,6 +216,39 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
     // Act again at once: the next decision needs fresh observations.
     d.wake = Some(now + SignedDuration::from_millis(20));
     d
+}
+
+/// Carries out `action`; `false` when the pass stops there: it waits, or a cluster's Serve cannot take the
+/// new capacity yet.
+fn act(
+    d: &mut StepDecision,
+    sides: &Sides<'_>,
+    action: Action,
+    pacing: &UpgradeOptions,
+    s: &Settings,
+    now: Timestamp,
+) -> bool {
+    match action {
+        Action::Wait { until, reason } => {
+            wait(d, sides.observed, s, pacing, until, reason);
+            return false;
+        }
+        Action::SetTargetCapacity { role, percent } => {
+            if !set_target_capacity(d, sides, role, percent) {
+                let wait_reason = match role {
+                    Role::Active => WaitReason::ActiveCapacityNotReady,
+                    Role::Pending => WaitReason::PendingCapacityNotReady,
+                };
+                set_progressing(&mut d.status, Some(wait_reason), s, now);
+                d.wake = Some(now + s.serve_poll);
+                return false;
+            }
+        }
+        Action::SetTraffic { active, pending } => set_traffic(d, sides, active, pending),
+        Action::Promote => promote(d, sides),
+        Action::FinishRollback => finish_rollback(d, sides, s, now),
+    }
+    true
 }
 
 /// Serve runs another `target_capacity` than the status records: a pass applied it but its status write was
