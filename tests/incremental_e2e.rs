@@ -625,6 +625,64 @@ async fn the_grpc_route_goes_when_serve_stops_serving_grpc() {
     assert!(notes[0].0.contains("Serve has no gRPC port"), "{notes:?}");
 }
 
+/// Switched from NewClusterWithIncrementalUpgrade to NewCluster, a RayService keeps its Gateway and HTTPRoute
+/// carrying the traffic: its blue/green upgrade moves the route, all of it, to the new active cluster's serve
+/// Service (KubeRay leaves it on the cluster that upgrade deletes), and Traefik accepts it with its backend
+/// resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_switch_to_new_cluster_the_route_follows_the_active_cluster() {
+    let env = Env::new("switched").await;
+    let first = env.deploy(50, 25, 1).await;
+    env.patch(json!({"spec": {
+        "upgradeStrategy": {"type": "NewCluster", "clusterUpgradeOptions": null},
+        "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:2")]}}}}
+    }}))
+    .await;
+    let second = env
+        .eventually("a new active cluster, promoted", 90, || async {
+            let rs = env.get().await;
+            active(&rs).filter(|a| *a != first && pending(&rs).is_none())
+        })
+        .await;
+    let route_on = |cluster: String| {
+        let env = &env;
+        async move {
+            let route = env.raw::<HttpRoute>(&env.ns, "llm-httproute").await;
+            let backends = route["spec"]["rules"][0]["backendRefs"].as_array()?.clone();
+            let generation = &route["metadata"]["generation"];
+            let holds = |type_: &str| {
+                route["status"]["parents"].as_array().is_some_and(|parents| {
+                    parents.iter().any(|p| {
+                        p["conditions"].as_array().is_some_and(|cs| {
+                            cs.iter().any(|c| {
+                                c["type"] == type_
+                                    && c["status"] == "True"
+                                    && c["observedGeneration"] == *generation
+                            })
+                        })
+                    })
+                })
+            };
+            let only_on = backends.len() == 1
+                && backends[0]["name"] == format!("{cluster}-serve-svc")
+                && backends[0]["weight"] == 100;
+            (only_on && holds("Accepted") && holds("ResolvedRefs")).then_some(())
+        }
+    };
+    env.eventually("the HTTPRoute on the new active cluster, accepted", 30, || {
+        route_on(second.clone())
+    })
+    .await;
+    env.gone::<RayCluster>(&first, 60).await;
+    env.gone::<Service>(&format!("{first}-serve-svc"), 60).await;
+    let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &env.ns);
+    assert!(gateways.get_opt("llm-gateway").await.unwrap().is_some());
+    assert!(
+        route_on(second.clone()).await.is_some(),
+        "the route still carries the traffic to {second}"
+    );
+}
+
 /// A RayService moves from a Gateway of its own to a shared one: its HTTPRoute attaches to the shared Gateway
 /// at once, and its own Gateway stays while a route of the user's still attaches to it, then goes (with an
 /// Event) as soon as that route is gone: Traefik's new `attachedRoutes` on the Gateway wakes the RayService.

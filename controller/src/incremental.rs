@@ -18,7 +18,7 @@ use rayshift_api::{
     RayCluster, RayService,
     cluster_spec::SPEC_HASH_ANNOTATION,
     gateway_attachment::Attachment,
-    rayservice::RayServiceStatuses,
+    rayservice::{ClusterServiceStatus, RayServiceStatuses},
     slo::{Bindings, Evaluation, Reading},
     upgrade::{
         self, CAPACITY_VERIFIED_READS, Levels, Role, StepDecision, UpgradeOptions,
@@ -105,6 +105,50 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
         wake: wake.map(|w| Duration::from_secs_f64(until(w))),
         pause: decision.pause,
     })
+}
+
+/// After a switch from `NewClusterWithIncrementalUpgrade` to another strategy, rayshift's own HTTPRoute (and
+/// GRPCRoute) keep carrying the traffic: all of it to the active cluster, through that cluster's serve Service,
+/// moved at each promotion. The Gateway's clients keep working; KubeRay leaves the route on a cluster that the
+/// next upgrade deletes (KubeRay bug 9.17). A RayService that has no route of rayshift's gets none, and an
+/// adopted route is left as it is.
+pub async fn follow_active(rs: &RayService, ctx: &Context, active: Option<&RayCluster>) -> Result<()> {
+    let (Some(active), Some(caches)) = (active, ctx.caches.as_ref()) else {
+        return Ok(());
+    };
+    let ns = rs.namespace().unwrap_or_default();
+    let uid = rs.metadata.uid.as_ref();
+    let route = caches.child::<HttpRoute>(&ns, &children::route_name(&rs.name_any()));
+    let owned = matches!(&route, Some(Some(r)) if r.owner_references().iter().any(|o| Some(&o.uid) == uid));
+    // Annotations the webhook refuses leave the routing as it is.
+    let attachment = Attachment::from_annotations(rs.annotations(), &ns).ok();
+    let Some(attachment) = attachment.filter(|a| owned && !matches!(a, Attachment::AdoptedRoute { .. }))
+    else {
+        return Ok(());
+    };
+    let pass = Pass {
+        rs,
+        ctx,
+        ns: &ns,
+        active: Some(active),
+        pending: None,
+        active_serve: None,
+        pending_serve: None,
+        active_serving: true,
+        pending_serving: false,
+        goal_spec: "",
+        now: Timestamp::now(),
+    };
+    let all_on_active = RayServiceStatuses {
+        active_service_status: Some(ClusterServiceStatus {
+            ray_cluster_name: Some(active.name_any()),
+            traffic_routed_percent: Some(100),
+            ..ClusterServiceStatus::default()
+        }),
+        ..RayServiceStatuses::default()
+    };
+    apply_cluster_serve_service(&pass, active).await?;
+    apply_route(&pass, &attachment, &all_on_active).await
 }
 
 /// Asks Prometheus the SLO checks that are due (on the pending cluster, beside the active one), and counts

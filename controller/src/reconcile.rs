@@ -490,7 +490,11 @@ async fn settle_status(
     }
     let advanced = match seen.incremental {
         true => Some(advance_upgrade(rs, ctx, seen, decision, &mut status, now).await?),
-        false => None,
+        false => {
+            let active = seen.cluster(&decision.active).map(|s| &s.cluster);
+            crate::incremental::follow_active(rs, ctx, active).await?;
+            None
+        }
     };
     ctx.metrics
         .observe_service(&ns, &rs.name_any(), &status, &ServiceView::of(rs, &status, now));
