@@ -1,6 +1,6 @@
 //! What the controller remembers about each RayCluster between passes: the Serve config it last pushed there
 //! (push only on change), its head's failed Serve proxy checks in a row, and its Serve reads in a row that
-//! verified its capacity (a flapping app is not capacity).
+//! verified its capacity (a flapping app is not capacity), and the serve label it last wrote on its head Pod.
 //!
 //! Records are grouped by the owning RayService's uid, never by name prefix: `llm` and `llm-v2` have
 //! clusters `llm-xxxxx` and `llm-v2-xxxxx`, and forgetting one RayService must not touch the other's.
@@ -17,6 +17,15 @@ struct ClusterRecord {
     verified: Option<(i32, u32)>,
     /// When its Pods were last checked for a scheduling stall, and what was found.
     scheduling: Option<(std::time::Instant, Option<Stall>)>,
+    serve_label: Option<LabelWrite>,
+}
+
+/// A serve label this controller wrote on a head Pod: that Pod (uid), the version the write replaced, the value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LabelWrite {
+    pub pod_uid: String,
+    pub replaced_version: String,
+    pub value: &'static str,
 }
 
 /// Records of every cluster, by owner uid, then cluster name.
@@ -83,6 +92,28 @@ impl ClusterRecords {
         r.verified.map_or(0, |(_, reads)| reads)
     }
 
+    pub fn set_serve_label(&mut self, owner: &str, cluster: &str, write: LabelWrite) {
+        self.record(owner, cluster).serve_label = Some(write);
+    }
+
+    /// Whether this controller already wrote `value` over the version of the Pod a cache still shows: the cache
+    /// is behind that write, and writing again would only repeat it (and its Event).
+    pub fn serve_label_written_over(
+        &self,
+        owner: &str,
+        cluster: &str,
+        pod_uid: &str,
+        version: &str,
+        value: &str,
+    ) -> bool {
+        let write = self
+            .by_owner
+            .get(owner)
+            .and_then(|c| c.get(cluster))
+            .and_then(|r| r.serve_label.as_ref());
+        write.is_some_and(|w| w.pod_uid == pod_uid && w.replaced_version == version && w.value == value)
+    }
+
     /// Keeps only the records of `clusters` (the active and pending ones) of this owner.
     pub fn keep_only(&mut self, owner: &str, clusters: &[&str]) {
         if let Some(records) = self.by_owner.get_mut(owner) {
@@ -103,7 +134,7 @@ impl ClusterRecords {
 
 #[cfg(test)]
 mod tests {
-    use super::ClusterRecords;
+    use super::{ClusterRecords, LabelWrite};
 
     #[test]
     fn verified_reads_count_in_a_row_at_one_capacity() {
@@ -139,6 +170,26 @@ mod tests {
         );
         r.proxy_healthy("uid-llm-v2", "llm-v2-fghij");
         assert_eq!(r.proxy_failed("uid-llm-v2", "llm-v2-fghij"), 1);
+    }
+
+    #[test]
+    fn a_serve_label_write_covers_only_the_version_it_replaced() {
+        let mut r = ClusterRecords::default();
+        let write = |value| LabelWrite {
+            pod_uid: "pod-1".into(),
+            replaced_version: "10".into(),
+            value,
+        };
+        assert!(!r.serve_label_written_over("uid", "llm-a", "pod-1", "10", "true"));
+        r.set_serve_label("uid", "llm-a", write("true"));
+        assert!(r.serve_label_written_over("uid", "llm-a", "pod-1", "10", "true"));
+        // A newer version (ours, or someone else's edit after it), another value, Pod or cluster: write again.
+        assert!(!r.serve_label_written_over("uid", "llm-a", "pod-1", "11", "true"));
+        assert!(!r.serve_label_written_over("uid", "llm-a", "pod-1", "10", "false"));
+        assert!(!r.serve_label_written_over("uid", "llm-a", "pod-2", "10", "true"));
+        assert!(!r.serve_label_written_over("uid", "llm-b", "pod-1", "10", "true"));
+        r.set_serve_label("uid", "llm-a", write("false"));
+        assert!(r.serve_label_written_over("uid", "llm-a", "pod-1", "10", "false"));
     }
 
     #[test]

@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 
 use crate::{
     children::{self, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_CONFIG_ANNOTATION, SERVE_LABEL},
+    cluster_records::LabelWrite,
     context::{Context, ControllerOptions, apply_child},
     dashboard::{self, HeadProxy, ServeStatus},
     error::{Error, Result},
@@ -791,7 +792,13 @@ async fn update_head_serve_label(
         }
     };
     let want = if want { "true" } else { "false" };
-    if current == Some(want) {
+    let (owner, pod_uid) = (rs.uid().unwrap_or_default(), pod.uid().unwrap_or_default());
+    let version = pod.resource_version().unwrap_or_default();
+    if current == Some(want)
+        || ctx
+            .records()
+            .serve_label_written_over(&owner, cluster, &pod_uid, &version, want)
+    {
         return Ok(failing);
     }
     let patch = json!({"metadata": {"labels": {SERVE_LABEL: want}}});
@@ -799,6 +806,12 @@ async fn update_head_serve_label(
     Api::<Pod>::namespaced(ctx.client.clone(), ns)
         .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
+    let write = LabelWrite {
+        pod_uid,
+        replaced_version: version,
+        value: want,
+    };
+    ctx.records().set_serve_label(&owner, cluster, write);
     ctx.event(
         rs,
         EventType::Normal,
