@@ -117,9 +117,7 @@ pub async fn follow_active(rs: &RayService, ctx: &Context, active: Option<&RayCl
         return Ok(());
     };
     let ns = rs.namespace().unwrap_or_default();
-    let uid = rs.metadata.uid.as_ref();
-    let route = caches.child::<HttpRoute>(&ns, &children::route_name(&rs.name_any()));
-    let owned = matches!(&route, Some(Some(r)) if r.owner_references().iter().any(|o| Some(&o.uid) == uid));
+    let owned = cached_owned::<HttpRoute>(caches, rs, &ns, &children::route_name(&rs.name_any())).is_some();
     // Annotations the webhook refuses leave the routing as it is.
     let attachment = Attachment::from_annotations(rs.annotations(), &ns).ok();
     let Some(attachment) = attachment.filter(|a| owned && !matches!(a, Attachment::AdoptedRoute { .. }))
@@ -447,6 +445,25 @@ impl std::fmt::Display for Unused<'_> {
     }
 }
 
+/// `name` as the cache holds it, if this RayService owns it (only the cache is read).
+fn cached_owned<K>(
+    caches: &context::Caches,
+    rs: &RayService,
+    ns: &str,
+    name: &str,
+) -> Option<std::sync::Arc<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let object = caches.child::<K>(ns, name).flatten()?;
+    let uid = rs.metadata.uid.as_ref();
+    object
+        .owner_references()
+        .iter()
+        .any(|o| Some(&o.uid) == uid)
+        .then_some(object)
+}
+
 /// Deletes `name` if the cache holds it and this RayService owns it, with an Event. Only the cache is read, so
 /// a settled pass (or an apiserver that does not serve the kind) costs no request.
 async fn delete_owned<K>(p: &Pass<'_>, name: &str, why: Unused<'_>) -> Result<()>
@@ -457,12 +474,12 @@ where
         + std::fmt::Debug
         + 'static,
 {
-    let cached = p.ctx.caches.as_ref().and_then(|c| c.child::<K>(p.ns, name));
-    let Some(Some(object)) = cached else {
-        return Ok(());
-    };
-    let uid = p.rs.metadata.uid.as_ref();
-    if !object.owner_references().iter().any(|o| Some(&o.uid) == uid) {
+    let owned = p
+        .ctx
+        .caches
+        .as_ref()
+        .and_then(|c| cached_owned::<K>(c, p.rs, p.ns, name));
+    if owned.is_none() {
         return Ok(());
     }
     let kind = K::kind(&());

@@ -767,6 +767,7 @@ async fn update_head_serve_label(
 ) -> Result<bool> {
     const FAILURES_BEFORE_REMOVAL: u32 = 3;
     let pod_name = pod.name_any();
+    let owner = rs.uid().unwrap_or_default();
     let current = pod.labels().get(SERVE_LABEL).map(String::as_str);
     let mut failing = false;
     let want = if rs.spec.exclude_head_pod_from_serve_svc == Some(true) {
@@ -780,7 +781,6 @@ async fn update_head_serve_label(
             }
             None => false,
         };
-        let owner = rs.uid().unwrap_or_default();
         let mut records = ctx.records();
         if healthy {
             records.proxy_healthy(&owner, cluster);
@@ -792,7 +792,7 @@ async fn update_head_serve_label(
         }
     };
     let want = if want { "true" } else { "false" };
-    let (owner, pod_uid) = (rs.uid().unwrap_or_default(), pod.uid().unwrap_or_default());
+    let pod_uid = pod.uid().unwrap_or_default();
     let version = pod.resource_version().unwrap_or_default();
     if current == Some(want)
         || ctx
