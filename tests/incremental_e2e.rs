@@ -644,33 +644,8 @@ async fn after_a_switch_to_new_cluster_the_route_follows_the_active_cluster() {
             active(&rs).filter(|a| *a != first && pending(&rs).is_none())
         })
         .await;
-    let route_on = |cluster: String| {
-        let env = &env;
-        async move {
-            let route = env.raw::<HttpRoute>(&env.ns, "llm-httproute").await;
-            let backends = route["spec"]["rules"][0]["backendRefs"].as_array()?.clone();
-            let generation = &route["metadata"]["generation"];
-            let holds = |type_: &str| {
-                route["status"]["parents"].as_array().is_some_and(|parents| {
-                    parents.iter().any(|p| {
-                        p["conditions"].as_array().is_some_and(|cs| {
-                            cs.iter().any(|c| {
-                                c["type"] == type_
-                                    && c["status"] == "True"
-                                    && c["observedGeneration"] == *generation
-                            })
-                        })
-                    })
-                })
-            };
-            let only_on = backends.len() == 1
-                && backends[0]["name"] == format!("{cluster}-serve-svc")
-                && backends[0]["weight"] == 100;
-            (only_on && holds("Accepted") && holds("ResolvedRefs")).then_some(())
-        }
-    };
     env.eventually("the HTTPRoute on the new active cluster, accepted", 30, || {
-        route_on(second.clone())
+        route_on(&env, "llm-httproute", 0, &second)
     })
     .await;
     env.gone::<RayCluster>(&first, 60).await;
@@ -678,9 +653,83 @@ async fn after_a_switch_to_new_cluster_the_route_follows_the_active_cluster() {
     let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &env.ns);
     assert!(gateways.get_opt("llm-gateway").await.unwrap().is_some());
     assert!(
-        route_on(second.clone()).await.is_some(),
+        route_on(&env, "llm-httproute", 0, &second).await.is_some(),
         "the route still carries the traffic to {second}"
     );
+}
+
+/// Some when `rule` of the route sends all of its traffic to `cluster`'s serve Service and Traefik has accepted
+/// the route's generation with its backends resolved.
+async fn route_on(env: &Env, route: &str, rule: usize, cluster: &str) -> Option<()> {
+    let route = env.raw::<HttpRoute>(&env.ns, route).await;
+    let backends = route["spec"]["rules"][rule]["backendRefs"].as_array()?.clone();
+    let generation = &route["metadata"]["generation"];
+    let holds = |type_: &str| {
+        route["status"]["parents"].as_array().is_some_and(|parents| {
+            parents.iter().any(|p| {
+                p["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["type"] == type_ && c["status"] == "True" && c["observedGeneration"] == *generation
+                    })
+                })
+            })
+        })
+    };
+    let only_on = backends.len() == 1
+        && backends[0]["name"] == format!("{cluster}-serve-svc")
+        && backends[0]["weight"] == 100;
+    (only_on && holds("Accepted") && holds("ResolvedRefs")).then_some(())
+}
+
+/// The same switch with an adopted route: the rule rayshift routed follows the new active cluster, and the
+/// rest of the user's route stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_switch_an_adopted_route_follows_the_active_cluster() {
+    let env = Env::new("switchadopt").await;
+    let first = env.deploy(50, 25, 1).await;
+    // The user's other rule resolves too, so the route's ResolvedRefs speaks for the rule rayshift moves.
+    env.create_raw::<Service>(
+        &env.ns,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "docs"},
+        "spec": {"selector": {"app": "docs"}, "ports": [{"port": 80}]}}),
+    )
+    .await;
+    let mut route = user_route();
+    route["spec"]["parentRefs"] = json!([{"name": "llm-gateway", "sectionName": "http"}]);
+    env.create_raw::<HttpRoute>(&env.ns, route).await;
+    env.patch(json!({"metadata": {"annotations": {
+        "rayshift.io/http-route": "public", "rayshift.io/http-route-rule": "serve"}}}))
+        .await;
+    env.gone::<HttpRoute>("llm-httproute", 30).await;
+    env.eventually("the adopted rule on the active cluster", 30, || {
+        route_on(&env, "public", 1, &first)
+    })
+    .await;
+    let adopted = env.raw::<HttpRoute>(&env.ns, "public").await;
+    env.patch(json!({"spec": {
+        "upgradeStrategy": {"type": "NewCluster", "clusterUpgradeOptions": null},
+        "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:2")]}}}}
+    }}))
+    .await;
+    let second = env
+        .eventually("a new active cluster, promoted", 90, || async {
+            let rs = env.get().await;
+            active(&rs).filter(|a| *a != first && pending(&rs).is_none())
+        })
+        .await;
+    env.eventually("the adopted rule on the new active cluster, accepted", 30, || {
+        route_on(&env, "public", 1, &second)
+    })
+    .await;
+    env.gone::<RayCluster>(&first, 60).await;
+    let after = env.raw::<HttpRoute>(&env.ns, "public").await;
+    assert_eq!(
+        without_managed_backends(&after),
+        without_managed_backends(&adopted),
+        "the rest of the route is unchanged"
+    );
+    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    assert!(routes.get_opt("llm-httproute").await.unwrap().is_none());
 }
 
 /// A RayService moves from a Gateway of its own to a shared one: its HTTPRoute attaches to the shared Gateway

@@ -440,6 +440,26 @@ pub fn adopted_rule_index(route: &Value, rule: Option<&str>) -> Option<usize> {
     }
 }
 
+/// Whether the managed rule of an adopted route sends its traffic to this RayService's clusters, through their
+/// own serve Services (`<rs>-<suffix>-serve-svc`), as only rayshift's incremental routing sets it: the marker
+/// that rayshift routed it, so that after a switch to another strategy it keeps following the active cluster.
+/// A rule with no backends, or one the user pointed elsewhere (the RayService's `<rs>-serve-svc` included,
+/// which follows the active cluster by itself), is not rayshift's to move.
+pub fn routes_to_clusters_of(route: &Value, index: usize, rs: &str) -> bool {
+    let prefix = format!("{rs}-");
+    let ours = |b: &Value| {
+        let name = b["name"].as_str().unwrap_or_default();
+        let kind_service = b["kind"].as_str().is_none_or(|k| k == "Service");
+        let cluster = name
+            .strip_suffix("-serve-svc")
+            .and_then(|c| c.strip_prefix(&prefix));
+        kind_service && cluster.is_some_and(|suffix| !suffix.is_empty())
+    };
+    route["spec"]["rules"][index]["backendRefs"]
+        .as_array()
+        .is_some_and(|backends| !backends.is_empty() && backends.iter().all(ours))
+}
+
 /// A JSON patch that sets only the managed rule's backendRefs of an adopted route, or `None` when they are
 /// already `backends`. The route's `rules` list is atomic in the upstream CRD, so server-side apply could
 /// only own all of it; this patch instead touches one field and fails (409/422) if the route or the
@@ -564,6 +584,32 @@ mod tests {
         assert_eq!(adopted_rule_index(&route, None), Some(0));
         assert_eq!(adopted_rule_index(&route, Some("nope")), None);
         assert_eq!(adopted_rule_index(&json!({"spec": {"rules": []}}), None), None);
+    }
+
+    #[test]
+    fn only_a_rule_on_the_clusters_own_serve_services_marks_a_route_rayshift_routed() {
+        let rule =
+            |backends: Value| json!({"spec": {"rules": [{"name": "docs"}, {"backendRefs": backends}]}});
+        let ours = json!([{"kind": "Service", "name": "llm-b2c4d-serve-svc", "weight": 75},
+                          {"name": "llm-x9z8q-serve-svc", "weight": 25}]);
+        assert!(routes_to_clusters_of(&rule(ours), 1, "llm"));
+        assert!(!routes_to_clusters_of(&rule(json!([])), 1, "llm"), "no backends");
+        assert!(
+            !routes_to_clusters_of(&json!({"spec": {"rules": [{}]}}), 0, "llm"),
+            "no backendRefs"
+        );
+        let services = ["llm-serve-svc", "other-b2c4d-serve-svc", "llm-b2c4d", "docs"];
+        for name in services {
+            let route = rule(json!([{"name": name, "weight": 100}]));
+            assert!(!routes_to_clusters_of(&route, 1, "llm"), "{name}");
+        }
+        let mixed = json!([{"name": "llm-b2c4d-serve-svc", "weight": 50}, {"name": "docs", "weight": 50}]);
+        assert!(
+            !routes_to_clusters_of(&rule(mixed), 1, "llm"),
+            "a backend of the user's"
+        );
+        let imported = json!([{"kind": "ServiceImport", "name": "llm-b2c4d-serve-svc"}]);
+        assert!(!routes_to_clusters_of(&rule(imported), 1, "llm"), "another kind");
     }
 
     #[test]

@@ -110,18 +110,17 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
 /// After a switch from `NewClusterWithIncrementalUpgrade` to another strategy, rayshift's own HTTPRoute (and
 /// GRPCRoute) keep carrying the traffic: all of it to the active cluster, through that cluster's serve Service,
 /// moved at each promotion. The Gateway's clients keep working; KubeRay leaves the route on a cluster that the
-/// next upgrade deletes (KubeRay bug 9.17). A RayService that has no route of rayshift's gets none, and an
-/// adopted route is left as it is.
+/// next upgrade deletes (KubeRay bug 9.17). So does an adopted route whose managed rule rayshift routed (it
+/// names only this RayService's cluster serve Services). A RayService that has no route of rayshift's gets
+/// none, and a rule the user points elsewhere is left as it is.
 pub async fn follow_active(rs: &RayService, ctx: &Context, active: Option<&RayCluster>) -> Result<()> {
     let (Some(active), Some(caches)) = (active, ctx.caches.as_ref()) else {
         return Ok(());
     };
     let ns = rs.namespace().unwrap_or_default();
-    let owned = cached_owned::<HttpRoute>(caches, rs, &ns, &children::route_name(&rs.name_any())).is_some();
     // Annotations the webhook refuses leave the routing as it is.
     let attachment = Attachment::from_annotations(rs.annotations(), &ns).ok();
-    let Some(attachment) = attachment.filter(|a| owned && !matches!(a, Attachment::AdoptedRoute { .. }))
-    else {
+    let Some(attachment) = attachment.filter(|a| routed_by_rayshift(caches, rs, &ns, a)) else {
         return Ok(());
     };
     let pass = Pass {
@@ -147,6 +146,20 @@ pub async fn follow_active(rs: &RayService, ctx: &Context, active: Option<&RayCl
     };
     apply_cluster_serve_service(&pass, active).await?;
     apply_route(&pass, &attachment, &all_on_active).await
+}
+
+/// Whether the route the attachment uses is one rayshift routes (only the cache is read): its own HTTPRoute,
+/// or the adopted one while its managed rule still goes to this RayService's clusters.
+fn routed_by_rayshift(caches: &context::Caches, rs: &RayService, ns: &str, attachment: &Attachment) -> bool {
+    let Attachment::AdoptedRoute { name, rule } = attachment else {
+        return cached_owned::<HttpRoute>(caches, rs, ns, &children::route_name(&rs.name_any())).is_some();
+    };
+    let Some(route) = caches.child::<HttpRoute>(ns, name).flatten() else {
+        return false;
+    };
+    let route = serde_json::to_value(&*route).expect("routes serialize");
+    children::adopted_rule_index(&route, rule.as_deref())
+        .is_some_and(|index| children::routes_to_clusters_of(&route, index, &rs.name_any()))
 }
 
 /// Asks Prometheus the SLO checks that are due (on the pending cluster, beside the active one), and counts

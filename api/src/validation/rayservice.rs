@@ -668,8 +668,9 @@ fn gateway_attachment(
         if let Some(key) = Attachment::annotated(annotations) {
             v.warn(
                 format!("metadata.annotations[{key}]"),
-                "gateway-attachment-ignored",
-                "ignored: only NewClusterWithIncrementalUpgrade routes through a Gateway",
+                "gateway-attachment-unused",
+                "creates no routing: only NewClusterWithIncrementalUpgrade routes through a Gateway; after a \
+                 switch from it, a route rayshift routed keeps all the traffic on the active cluster",
             );
         }
         return;
