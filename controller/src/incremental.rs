@@ -114,15 +114,18 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
 /// names only this RayService's cluster serve Services). A RayService that has no route of rayshift's gets
 /// none, and a rule the user points elsewhere is left as it is.
 pub async fn follow_active(rs: &RayService, ctx: &Context, active: Option<&RayCluster>) -> Result<()> {
-    let (Some(active), Some(caches)) = (active, ctx.caches.as_ref()) else {
+    let served = ctx.gateway_api.load(std::sync::atomic::Ordering::Relaxed);
+    let Some(active) = active.filter(|_| served) else {
         return Ok(());
     };
     let ns = rs.namespace().unwrap_or_default();
     // Annotations the webhook refuses leave the routing as it is.
-    let attachment = Attachment::from_annotations(rs.annotations(), &ns).ok();
-    let Some(attachment) = attachment.filter(|a| routed_by_rayshift(caches, rs, &ns, a)) else {
+    let Ok(attachment) = Attachment::from_annotations(rs.annotations(), &ns) else {
         return Ok(());
     };
+    if !routed_by_rayshift(ctx, rs, &ns, &attachment).await? {
+        return Ok(());
+    }
     let pass = Pass {
         rs,
         ctx,
@@ -148,18 +151,29 @@ pub async fn follow_active(rs: &RayService, ctx: &Context, active: Option<&RayCl
     apply_route(&pass, &attachment, &all_on_active).await
 }
 
-/// Whether the route the attachment uses is one rayshift routes (only the cache is read): its own HTTPRoute,
-/// or the adopted one while its managed rule still goes to this RayService's clusters.
-fn routed_by_rayshift(caches: &context::Caches, rs: &RayService, ns: &str, attachment: &Attachment) -> bool {
-    let Attachment::AdoptedRoute { name, rule } = attachment else {
-        return cached_owned::<HttpRoute>(caches, rs, ns, &children::route_name(&rs.name_any())).is_some();
+/// Whether the route the attachment uses is one rayshift routes: its own HTTPRoute, or the adopted one while
+/// its managed rule still goes to this RayService's clusters. Read from the cache once it has listed, so a pass
+/// right after a restart does not miss it.
+async fn routed_by_rayshift(
+    ctx: &Context,
+    rs: &RayService,
+    ns: &str,
+    attachment: &Attachment,
+) -> Result<bool> {
+    let own = children::route_name(&rs.name_any());
+    let (name, rule) = match attachment {
+        Attachment::AdoptedRoute { name, rule } => (name.as_str(), Some(rule.as_deref())),
+        _ => (own.as_str(), None),
     };
-    let Some(route) = caches.child::<HttpRoute>(ns, name).flatten() else {
-        return false;
+    let Some(route) = context::read_child::<HttpRoute>(ctx, ns, name).await? else {
+        return Ok(false);
     };
-    let route = serde_json::to_value(&*route).expect("routes serialize");
-    children::adopted_rule_index(&route, rule.as_deref())
-        .is_some_and(|index| children::routes_to_clusters_of(&route, index, &rs.name_any()))
+    let Some(rule) = rule else {
+        return Ok(owned_by(rs, &route));
+    };
+    let route = serde_json::to_value(&route).expect("routes serialize");
+    Ok(children::adopted_rule_index(&route, rule)
+        .is_some_and(|index| children::routes_to_clusters_of(&route, index, &rs.name_any())))
 }
 
 /// Asks Prometheus the SLO checks that are due (on the pending cluster, beside the active one), and counts
@@ -469,12 +483,14 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + 'static,
 {
     let object = caches.child::<K>(ns, name).flatten()?;
+    owned_by(rs, &*object).then_some(object)
+}
+
+/// Whether the RayService is among the object's owners (by uid: a RayService of the same name made again is
+/// another).
+fn owned_by(rs: &RayService, object: &impl kube::Resource) -> bool {
     let uid = rs.metadata.uid.as_ref();
-    object
-        .owner_references()
-        .iter()
-        .any(|o| Some(&o.uid) == uid)
-        .then_some(object)
+    object.owner_references().iter().any(|o| Some(&o.uid) == uid)
 }
 
 /// Deletes `name` if the cache holds it and this RayService owns it, with an Event. Only the cache is read, so
