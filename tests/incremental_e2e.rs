@@ -633,17 +633,7 @@ async fn the_grpc_route_goes_when_serve_stops_serving_grpc() {
 async fn after_a_switch_to_new_cluster_the_route_follows_the_active_cluster() {
     let env = Env::new("switched").await;
     let first = env.deploy(50, 25, 1).await;
-    env.patch(json!({"spec": {
-        "upgradeStrategy": {"type": "NewCluster", "clusterUpgradeOptions": null},
-        "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:2")]}}}}
-    }}))
-    .await;
-    let second = env
-        .eventually("a new active cluster, promoted", 90, || async {
-            let rs = env.get().await;
-            active(&rs).filter(|a| *a != first && pending(&rs).is_none())
-        })
-        .await;
+    let second = switched_to_new_cluster(&env, &first).await;
     env.eventually("the HTTPRoute on the new active cluster, accepted", 30, || {
         route_on(&env, "llm-httproute", 0, &second)
     })
@@ -656,6 +646,20 @@ async fn after_a_switch_to_new_cluster_the_route_follows_the_active_cluster() {
         route_on(&env, "llm-httproute", 0, &second).await.is_some(),
         "the route still carries the traffic to {second}"
     );
+}
+
+/// Switches the RayService to NewCluster with a new image; the new active cluster once promoted.
+async fn switched_to_new_cluster(env: &Env, first: &str) -> String {
+    env.patch(json!({"spec": {
+        "upgradeStrategy": {"type": "NewCluster", "clusterUpgradeOptions": null},
+        "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:2")]}}}}
+    }}))
+    .await;
+    env.eventually("a new active cluster, promoted", 90, || async {
+        let rs = env.get().await;
+        active(&rs).filter(|a| a != first && pending(&rs).is_none())
+    })
+    .await
 }
 
 /// Some when `rule` of the route sends all of its traffic to `cluster`'s serve Service and Traefik has accepted
@@ -694,29 +698,13 @@ async fn after_a_switch_an_adopted_route_follows_the_active_cluster() {
         "spec": {"selector": {"app": "docs"}, "ports": [{"port": 80}]}}),
     )
     .await;
-    let mut route = user_route();
-    route["spec"]["parentRefs"] = json!([{"name": "llm-gateway", "sectionName": "http"}]);
-    env.create_raw::<HttpRoute>(&env.ns, route).await;
-    env.patch(json!({"metadata": {"annotations": {
-        "rayshift.io/http-route": "public", "rayshift.io/http-route-rule": "serve"}}}))
-        .await;
-    env.gone::<HttpRoute>("llm-httproute", 30).await;
+    adopt_a_route_on_its_own_gateway(&env).await;
     env.eventually("the adopted rule on the active cluster", 30, || {
         route_on(&env, "public", 1, &first)
     })
     .await;
     let adopted = env.raw::<HttpRoute>(&env.ns, "public").await;
-    env.patch(json!({"spec": {
-        "upgradeStrategy": {"type": "NewCluster", "clusterUpgradeOptions": null},
-        "rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:2")]}}}}
-    }}))
-    .await;
-    let second = env
-        .eventually("a new active cluster, promoted", 90, || async {
-            let rs = env.get().await;
-            active(&rs).filter(|a| *a != first && pending(&rs).is_none())
-        })
-        .await;
+    let second = switched_to_new_cluster(&env, &first).await;
     env.eventually("the adopted rule on the new active cluster, accepted", 30, || {
         route_on(&env, "public", 1, &second)
     })
@@ -793,13 +781,7 @@ async fn its_own_gateway_goes_when_a_shared_one_takes_over_and_no_route_uses_it(
 async fn adopting_a_route_deletes_its_own_and_keeps_the_gateway_the_adopted_one_uses() {
     let env = Env::new("adopting").await;
     let active = env.deploy(50, 25, 1).await;
-    let mut route = user_route();
-    route["spec"]["parentRefs"] = json!([{"name": "llm-gateway", "sectionName": "http"}]);
-    env.create_raw::<HttpRoute>(&env.ns, route).await;
-    env.patch(json!({"metadata": {"annotations": {
-        "rayshift.io/http-route": "public", "rayshift.io/http-route-rule": "serve"}}}))
-        .await;
-    env.gone::<HttpRoute>("llm-httproute", 30).await;
+    adopt_a_route_on_its_own_gateway(&env).await;
     let adopted = env.raw::<HttpRoute>(&env.ns, "public").await;
     let backends = &adopted["spec"]["rules"][1]["backendRefs"];
     assert_eq!(backends[0]["name"], format!("{active}-serve-svc"), "{adopted:#}");
@@ -819,6 +801,17 @@ async fn adopting_a_route_deletes_its_own_and_keeps_the_gateway_the_adopted_one_
         "the adopted route attaches to it"
     );
     assert!(env.event_notes("DeletedGateway").is_empty());
+}
+
+/// The user's route, attached to the RayService's own Gateway, adopted; once rayshift's own route is gone.
+async fn adopt_a_route_on_its_own_gateway(env: &Env) {
+    let mut route = user_route();
+    route["spec"]["parentRefs"] = json!([{"name": "llm-gateway", "sectionName": "http"}]);
+    env.create_raw::<HttpRoute>(&env.ns, route).await;
+    env.patch(json!({"metadata": {"annotations": {
+        "rayshift.io/http-route": "public", "rayshift.io/http-route-rule": "serve"}}}))
+        .await;
+    env.gone::<HttpRoute>("llm-httproute", 30).await;
 }
 
 /// The user's route with a rule of its own (`docs`) before the one rayshift manages (`serve`).

@@ -460,35 +460,15 @@ async fn settle_status(
     now: Timestamp,
 ) -> Result<Settled> {
     let ns = rs.namespace().unwrap_or_default();
-    let endpoints = match &decision.serve_target {
-        Some(t) => serve_endpoints(&ctx.client, &ns, t).await?,
-        None => 0,
-    };
     let dashboard_problem = seen.dashboard_problem();
-    let views = seen
-        .clusters
-        .iter()
-        .map(|(name, s)| (name.clone(), cluster_view(s)))
-        .collect();
-    let (mut status, tallies) = lifecycle::status::settle(&StatusInputs {
-        generation: rs.metadata.generation.unwrap_or_default(),
+    let inputs = Settling {
         previous,
+        seen,
         decision,
-        clusters: &views,
-        endpoints,
         dashboard_problem: dashboard_problem.as_deref(),
-        had_active: seen.active.is_some(),
-        incremental: seen.incremental,
         now,
-    });
-    crate::incremental::count(ctx, rs, &tallies);
-    let newest = decision.pending.as_ref().or(decision.active.as_ref());
-    if let Some(s) = newest
-        .and_then(|c| seen.clusters.get(c))
-        .filter(|s| !s.head_ready)
-    {
-        tracing::debug!(note = %s.head_message, "head not ready");
-    }
+    };
+    let mut status = lifecycle_status(rs, ctx, &ns, &inputs).await?;
     let advanced = match seen.incremental {
         true => Some(advance_upgrade(rs, ctx, seen, decision, &mut status, now).await?),
         false => {
@@ -514,6 +494,51 @@ async fn settle_status(
         incremental_wake,
         dashboard_problem,
     })
+}
+
+/// What a pass settles the status from.
+struct Settling<'a> {
+    previous: &'a RayServiceStatuses,
+    seen: &'a Observation,
+    decision: &'a Decision,
+    dashboard_problem: Option<&'a str>,
+    now: Timestamp,
+}
+
+/// The lifecycle's status for what the pass saw (before the incremental step), counted in the metrics.
+async fn lifecycle_status(
+    rs: &RayService,
+    ctx: &Context,
+    ns: &str,
+    s: &Settling<'_>,
+) -> Result<RayServiceStatuses> {
+    let endpoints = match &s.decision.serve_target {
+        Some(t) => serve_endpoints(&ctx.client, ns, t).await?,
+        None => 0,
+    };
+    let views = (s.seen.clusters.iter())
+        .map(|(name, c)| (name.clone(), cluster_view(c)))
+        .collect();
+    let (status, tallies) = lifecycle::status::settle(&StatusInputs {
+        generation: rs.metadata.generation.unwrap_or_default(),
+        previous: s.previous,
+        decision: s.decision,
+        clusters: &views,
+        endpoints,
+        dashboard_problem: s.dashboard_problem,
+        had_active: s.seen.active.is_some(),
+        incremental: s.seen.incremental,
+        now: s.now,
+    });
+    crate::incremental::count(ctx, rs, &tallies);
+    let newest = s.decision.pending.as_ref().or(s.decision.active.as_ref());
+    if let Some(c) = newest
+        .and_then(|c| s.seen.clusters.get(c))
+        .filter(|c| !c.head_ready)
+    {
+        tracing::debug!(note = %c.head_message, "head not ready");
+    }
+    Ok(status)
 }
 
 /// The incremental upgrade's step of this pass, on the clusters the lifecycle kept.
@@ -765,31 +790,12 @@ async fn update_head_serve_label(
     cluster: &str,
     pod: &Pod,
 ) -> Result<bool> {
-    const FAILURES_BEFORE_REMOVAL: u32 = 3;
     let pod_name = pod.name_any();
     let owner = rs.uid().unwrap_or_default();
     let current = pod.labels().get(SERVE_LABEL).map(String::as_str);
-    let mut failing = false;
-    let want = if rs.spec.exclude_head_pod_from_serve_svc == Some(true) {
-        false
-    } else {
-        let healthy = match head_proxy(rs, ns, cluster, pod) {
-            Some(head) => {
-                ctx.dashboard
-                    .proxy_healthy(&ctx.options.serve_health_url_template, &head)
-                    .await
-            }
-            None => false,
-        };
-        let mut records = ctx.records();
-        if healthy {
-            records.proxy_healthy(&owner, cluster);
-            true
-        } else {
-            failing = true;
-            let n = records.proxy_failed(&owner, cluster);
-            current == Some("true") && n < FAILURES_BEFORE_REMOVAL
-        }
+    let (want, failing) = match rs.spec.exclude_head_pod_from_serve_svc {
+        Some(true) => (false, false),
+        _ => serve_label_wanted(rs, ctx, ns, cluster, pod, current == Some("true")).await,
     };
     let want = if want { "true" } else { "false" };
     let pod_uid = pod.uid().unwrap_or_default();
@@ -820,6 +826,35 @@ async fn update_head_serve_label(
         format!("Updated the serve label to \"{want}\" for the Head Pod {ns}/{pod_name}"),
     );
     Ok(failing)
+}
+
+/// Whether the head belongs in the serve Service, and whether its proxy's health check failed: in while
+/// healthy, out after 3 failed checks in a row (one failure does not take a serving head out).
+async fn serve_label_wanted(
+    rs: &RayService,
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    pod: &Pod,
+    serving: bool,
+) -> (bool, bool) {
+    const FAILURES_BEFORE_REMOVAL: u32 = 3;
+    let owner = rs.uid().unwrap_or_default();
+    let healthy = match head_proxy(rs, ns, cluster, pod) {
+        Some(head) => {
+            ctx.dashboard
+                .proxy_healthy(&ctx.options.serve_health_url_template, &head)
+                .await
+        }
+        None => false,
+    };
+    let mut records = ctx.records();
+    if healthy {
+        records.proxy_healthy(&owner, cluster);
+        return (true, false);
+    }
+    let n = records.proxy_failed(&owner, cluster);
+    (serving && n < FAILURES_BEFORE_REMOVAL, true)
 }
 
 /// Where the head Pod's Serve proxy takes requests, once the Pod has an IP.

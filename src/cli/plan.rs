@@ -40,19 +40,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode, CliError> {
     let defaults = args.defaults.load()?;
-    let mut docs = rayservice_documents(std::slice::from_ref(&args.file))?;
-    if docs.len() > 1 {
-        eprintln!(
-            "note: {} holds {} RayServices; planning the first",
-            args.file.display(),
-            docs.len()
-        );
-    }
-    let Some(mut doc) = docs.drain(..).next() else {
-        let path = args.file.display().to_string();
-        return Err(CliError::NoRayService { path });
-    };
-    let (name, _) = documents::display_name(&doc);
+    let (mut doc, name) = first_rayservice(&args.file)?;
     defaulting::apply_defaults(&mut doc, &defaults);
     let rs = validation::decode(&doc).map_err(|rule| CliError::Undecodable {
         path: args.file.display().to_string(),
@@ -60,16 +48,10 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
     })?;
     let kind = rs.spec.upgrade_type();
     if kind != Some(UpgradeType::NewClusterWithIncrementalUpgrade) {
-        let what = match kind {
-            Some(UpgradeType::None) => {
-                "None: clusters are updated in place, no new cluster and no traffic shift"
-            }
-            Some(_) => {
-                "NewCluster (blue/green): the new cluster is built at full capacity and traffic switches at once when it is ready"
-            }
-            None => "an unknown upgrade strategy; run `rayshift validate`",
-        };
-        println!("RayService {name} uses {what}; there is no incremental plan.");
+        println!(
+            "RayService {name} uses {}; there is no incremental plan.",
+            strategy(kind)
+        );
         return Ok(ExitCode::SUCCESS);
     }
     let Some(opts) = UpgradeOptions::of(&rs, args.drain.seconds) else {
@@ -88,37 +70,74 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         }
     };
     let opts = resource_aware(&rs, opts, &args);
-    let plan = upgrade::plan(&opts);
-    let expected = plan.min_duration_seconds + plan.capacity_changes as f64 * args.capacity_wait_seconds;
-    let checks = slo::of(rs.annotations());
-    match args.output {
-        Output::Json => {
-            let mut json = serde_json::to_value(&plan)?;
-            json["traffic_entry"] = serde_json::Value::String(entry);
-            json["expected_duration_seconds"] = serde_json::json!(expected);
-            json["slo_checks"] = serde_json::to_value(&checks)?;
-            println!("{}", serde_json::to_string_pretty(&json)?)
-        }
-        Output::Text => {
-            print!(
-                "{}",
-                table(&format!("Incremental upgrade of {name}"), &opts, &plan)
-            );
-            println!(
-                "expected duration: {expected}s ({} capacity changes, {}s each to run their replicas)",
-                plan.capacity_changes, args.capacity_wait_seconds
-            );
-            println!("traffic enters through: {entry}");
-            if let Some(ra) = opts.resource_aware {
-                println!(
-                    "ResourceAware: serving capacity dips to {}% (maxUnavailablePercent {}, spare capacity {}%)",
-                    plan.min_serving_capacity, ra.max_unavailable_percent, ra.spare_percent
-                );
-            }
-            print!("{}", slo_table(&checks));
-        }
-    }
+    print_plan(&args, &name, &opts, &entry, &slo::of(rs.annotations()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The file's first RayService and its display name (a note when it holds more).
+fn first_rayservice(file: &PathBuf) -> Result<(serde_json::Value, String), CliError> {
+    let mut docs = rayservice_documents(std::slice::from_ref(file))?;
+    if docs.len() > 1 {
+        eprintln!(
+            "note: {} holds {} RayServices; planning the first",
+            file.display(),
+            docs.len()
+        );
+    }
+    let Some(doc) = docs.drain(..).next() else {
+        let path = file.display().to_string();
+        return Err(CliError::NoRayService { path });
+    };
+    let (name, _) = documents::display_name(&doc);
+    Ok((doc, name))
+}
+
+/// What a strategy other than the incremental one does instead.
+fn strategy(kind: Option<UpgradeType>) -> &'static str {
+    match kind {
+        Some(UpgradeType::None) => "None: clusters are updated in place, no new cluster and no traffic shift",
+        Some(_) => {
+            "NewCluster (blue/green): the new cluster is built at full capacity and traffic switches at once when it is ready"
+        }
+        None => "an unknown upgrade strategy; run `rayshift validate`",
+    }
+}
+
+/// The plan of an incremental upgrade, as JSON or as tables.
+fn print_plan(
+    args: &Args,
+    name: &str,
+    opts: &UpgradeOptions,
+    entry: &str,
+    checks: &[slo::SloCheck],
+) -> Result<(), CliError> {
+    let plan = upgrade::plan(opts);
+    let expected = plan.min_duration_seconds + plan.capacity_changes as f64 * args.capacity_wait_seconds;
+    if args.output == Output::Json {
+        let mut json = serde_json::to_value(&plan)?;
+        json["traffic_entry"] = serde_json::Value::String(entry.to_string());
+        json["expected_duration_seconds"] = serde_json::json!(expected);
+        json["slo_checks"] = serde_json::to_value(checks)?;
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(());
+    }
+    print!(
+        "{}",
+        table(&format!("Incremental upgrade of {name}"), opts, &plan)
+    );
+    println!(
+        "expected duration: {expected}s ({} capacity changes, {}s each to run their replicas)",
+        plan.capacity_changes, args.capacity_wait_seconds
+    );
+    println!("traffic enters through: {entry}");
+    if let Some(ra) = opts.resource_aware {
+        println!(
+            "ResourceAware: serving capacity dips to {}% (maxUnavailablePercent {}, spare capacity {}%)",
+            plan.min_serving_capacity, ra.max_unavailable_percent, ra.spare_percent
+        );
+    }
+    print!("{}", slo_table(checks));
+    Ok(())
 }
 
 /// The SLO checks each traffic step waits for, one line each.
