@@ -474,9 +474,16 @@ fn percent_rule(field: &str, value: i32, rule: &'static str, v: &mut Verdict) ->
 }
 
 fn incremental_options(rs: &RayService, o: &ClusterUpgradeOptions, v: &mut Verdict) {
+    step_and_surge(rs, o, v);
+    interval(o.interval_seconds, v);
+    gateway_class(o.gateway_class_name.as_deref(), v);
+}
+
+/// maxSurgePercent and stepSizePercent: each a percentage, the step no larger than the surge (and warned when
+/// it does not divide it), the surge within what the cluster's groups can add.
+fn step_and_surge(rs: &RayService, o: &ClusterUpgradeOptions, v: &mut Verdict) {
     let surge_field = format!("{}.maxSurgePercent", path::OPTIONS);
     let step_field = format!("{}.stepSizePercent", path::OPTIONS);
-    let interval_field = format!("{}.intervalSeconds", path::OPTIONS);
     // Absent maxSurgePercent is the default, never a failure (KubeRay dereferences it unchecked).
     let surge = o.max_surge_percent.unwrap_or(DEFAULT_MAX_SURGE_PERCENT);
     let surge_ok = percent_rule(&surge_field, surge, "max-surge-range", v);
@@ -491,21 +498,38 @@ fn incremental_options(rs: &RayService, o: &ClusterUpgradeOptions, v: &mut Verdi
         }
         Some(step) => percent_rule(&step_field, step, "step-size-range", v),
     };
-    if let Some(step) = o.step_size_percent.filter(|s| surge_ok && step_ok && *s > surge) {
-        v.error(FieldError::invalid(
+    match o.step_size_percent.filter(|_| surge_ok && step_ok) {
+        Some(step) if step > surge => v.error(FieldError::invalid(
             &step_field,
             step,
             "step-size-above-surge",
             "stepSizePercent must be less than or equal to maxSurgePercent",
-        ));
+        )),
+        Some(step) if surge % step != 0 => v.warn(
+            &step_field,
+            "step-not-dividing-surge",
+            format!(
+                "stepSizePercent {step} does not divide maxSurgePercent {surge}: the last traffic step of each \
+                 capacity step is only {}%",
+                surge % step
+            ),
+        ),
+        _ => {}
     }
-    match o.interval_seconds {
-        None => v.error(FieldError::required(&interval_field, "interval", "intervalSeconds must be greater than 0")),
+    if surge_ok {
+        surge::check(&rs.spec.ray_cluster_config, surge, &surge_field, v);
+    }
+}
+
+fn interval(seconds: Option<i32>, v: &mut Verdict) {
+    let field = format!("{}.intervalSeconds", path::OPTIONS);
+    match seconds {
+        None => v.error(FieldError::required(&field, "interval", "intervalSeconds must be greater than 0")),
         Some(i) if i <= 0 => {
-            v.error(FieldError::invalid(&interval_field, i, "interval", "intervalSeconds must be greater than 0"))
+            v.error(FieldError::invalid(&field, i, "interval", "intervalSeconds must be greater than 0"))
         }
         Some(i) if i < MIN_ADVISED_INTERVAL_SECONDS => v.warn(
-            &interval_field,
+            &field,
             "interval-short",
             format!(
                 "intervalSeconds {i} is under {MIN_ADVISED_INTERVAL_SECONDS}: the Ray autoscaler may not provision \
@@ -514,39 +538,25 @@ fn incremental_options(rs: &RayService, o: &ClusterUpgradeOptions, v: &mut Verdi
         ),
         Some(_) => {}
     }
-    let class_field = format!("{}.gatewayClassName", path::OPTIONS);
-    match o.gateway_class_name.as_deref() {
+}
+
+fn gateway_class(class: Option<&str>, v: &mut Verdict) {
+    let field = format!("{}.gatewayClassName", path::OPTIONS);
+    match class {
         None | Some("") => v.error(FieldError::required(
-            class_field,
+            field,
             "gateway-class",
             "gatewayClassName is required for NewClusterWithIncrementalUpgrade",
         )),
         Some(class) if !class.split('.').all(names::is_dns1123_label) || class.len() > 253 => {
             v.error(FieldError::invalid(
-                class_field,
+                field,
                 class,
                 "gateway-class",
                 "must be a valid GatewayClass name (a lowercase RFC 1123 subdomain)",
             ))
         }
         Some(_) => {}
-    }
-    if let Some(step) = o
-        .step_size_percent
-        .filter(|s| surge_ok && step_ok && *s <= surge && surge % *s != 0)
-    {
-        v.warn(
-            &step_field,
-            "step-not-dividing-surge",
-            format!(
-                "stepSizePercent {step} does not divide maxSurgePercent {surge}: the last traffic step of each \
-                 capacity step is only {}%",
-                surge % step
-            ),
-        );
-    }
-    if surge_ok {
-        surge::check(&rs.spec.ray_cluster_config, surge, &surge_field, v);
     }
 }
 
