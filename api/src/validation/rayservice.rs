@@ -411,6 +411,24 @@ fn upgrade_strategy(rs: &RayService, cfg: &ValidationConfig, v: &mut Verdict) {
         }
         return;
     }
+    incremental_requirements(rs, cfg, v);
+    match options {
+        None => v.error(FieldError::required(
+            path::OPTIONS,
+            "options-required",
+            "ClusterUpgradeOptions are required for NewClusterWithIncrementalUpgrade",
+        )),
+        Some(o) => {
+            incremental_options(rs, o, v);
+            interval_against_deadline(rs, o, cfg, v);
+        }
+    }
+}
+
+/// What NewClusterWithIncrementalUpgrade needs beyond its options: the feature gate and the Ray autoscaler;
+/// serveService is not used by it.
+fn incremental_requirements(rs: &RayService, cfg: &ValidationConfig, v: &mut Verdict) {
+    let spec = &rs.spec;
     if !cfg.feature_gates.incremental_upgrade() {
         v.error(FieldError::forbidden(
             format!("{}.type", path::STRATEGY),
@@ -434,17 +452,6 @@ fn upgrade_strategy(rs: &RayService, cfg: &ValidationConfig, v: &mut Verdict) {
             "serve-service-ignored",
             "ignored by NewClusterWithIncrementalUpgrade",
         );
-    }
-    match options {
-        None => v.error(FieldError::required(
-            path::OPTIONS,
-            "options-required",
-            "ClusterUpgradeOptions are required for NewClusterWithIncrementalUpgrade",
-        )),
-        Some(o) => {
-            incremental_options(rs, o, v);
-            interval_against_deadline(rs, o, cfg, v);
-        }
     }
 }
 
