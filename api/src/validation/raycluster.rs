@@ -503,7 +503,11 @@ fn check_gcs_backend(spec: &RayClusterSpec, opts: &Value, cfg: &ValidationConfig
             forbidden(v, field, "gcs-ft-storage-claim-exclusive", msg);
         }
     }
-    // KubeRay mounts the store itself; the names and paths below are its own.
+    check_gcs_managed_head(spec, v);
+}
+
+/// With the embedded backend KubeRay mounts the store itself: the head may not claim its names and paths.
+fn check_gcs_managed_head(spec: &RayClusterSpec, v: &mut Verdict) {
     let Some(head) = head_container(spec) else { return };
     for name in ["RAY_gcs_storage", "RAY_gcs_storage_path"] {
         if let Some((field, _)) = head.env(name) {
