@@ -244,25 +244,7 @@ pub fn render(view: &StatusView, format: Format) -> Result<String, CliError> {
 }
 
 fn text(v: &StatusView, wide: bool, now: Timestamp) -> String {
-    let mut out = String::new();
-    let _ = write!(
-        out,
-        "RayService {}/{}: {} ({})",
-        v.namespace, v.name, v.phase, v.strategy
-    );
-    if let Some(s) = &v.traffic_step {
-        let _ = write!(out, ", traffic step {}/{}", s.done, s.total);
-    }
-    match (v.expected_completion, v.seconds_left) {
-        (Some(t), Some(left)) if left >= 0.0 => {
-            let _ = write!(out, ", expected to end in {} (at {t})", duration(left));
-        }
-        (Some(t), Some(left)) => {
-            let _ = write!(out, ", {} past its expected end (at {t})", duration(-left));
-        }
-        _ => {}
-    }
-    let _ = writeln!(out);
+    let mut out = headline(v);
     let _ = writeln!(
         out,
         "{:<8} {:<32} {:>8} {:>8}  SERVE APPS",
@@ -287,6 +269,39 @@ fn text(v: &StatusView, wide: bool, now: Timestamp) -> String {
             "ResourceAware since {t}: the active cluster gives way first, because {why}"
         );
     }
+    slo_lines(&mut out, v, wide, now);
+    if wide {
+        let at = |t: Option<Timestamp>| t.map_or_else(|| "-".to_string(), |t| t.to_string());
+        let _ = writeln!(out, "Upgrade started: {}", at(v.upgrade_start_time));
+        let _ = writeln!(out, "Last traffic step: {}", at(v.last_traffic_step_time));
+    }
+    event_lines(&mut out, v, now);
+    out
+}
+
+/// The first line: phase, strategy, step and expected end.
+fn headline(v: &StatusView) -> String {
+    let mut out = format!(
+        "RayService {}/{}: {} ({})",
+        v.namespace, v.name, v.phase, v.strategy
+    );
+    if let Some(s) = &v.traffic_step {
+        let _ = write!(out, ", traffic step {}/{}", s.done, s.total);
+    }
+    match (v.expected_completion, v.seconds_left) {
+        (Some(t), Some(left)) if left >= 0.0 => {
+            let _ = write!(out, ", expected to end in {} (at {t})", duration(left));
+        }
+        (Some(t), Some(left)) => {
+            let _ = write!(out, ", {} past its expected end (at {t})", duration(-left));
+        }
+        _ => {}
+    }
+    out.push('\n');
+    out
+}
+
+fn slo_lines(out: &mut String, v: &StatusView, wide: bool, now: Timestamp) {
     for c in &v.slo_checks {
         let age = duration(now.duration_since(c.time).as_secs_f64().max(0.0));
         let _ = write!(
@@ -302,11 +317,9 @@ fn text(v: &StatusView, wide: bool, now: Timestamp) -> String {
         }
         let _ = writeln!(out);
     }
-    if wide {
-        let at = |t: Option<Timestamp>| t.map_or_else(|| "-".to_string(), |t| t.to_string());
-        let _ = writeln!(out, "Upgrade started: {}", at(v.upgrade_start_time));
-        let _ = writeln!(out, "Last traffic step: {}", at(v.last_traffic_step_time));
-    }
+}
+
+fn event_lines(out: &mut String, v: &StatusView, now: Timestamp) {
     if !v.events.is_empty() {
         let _ = writeln!(out, "Events:");
     }
@@ -317,7 +330,6 @@ fn text(v: &StatusView, wide: bool, now: Timestamp) -> String {
         );
         let _ = writeln!(out, "  {age:>6}  {:<7}  {:<28}  {}", e.type_, e.reason, e.message);
     }
-    out
 }
 
 /// `1h2m`, `3m4s`, `5s`.
