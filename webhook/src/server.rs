@@ -178,14 +178,7 @@ pub async fn serve_tls(
 ) -> Result<(), Error> {
     let acceptor = TlsAcceptor::from(certs.server_config()?);
     let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.handshake_timeout)
-        .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    let builder = Arc::new(http_builder(&settings));
     loop {
         let (stream, peer) = tokio::select! {
             biased;
@@ -201,33 +194,14 @@ pub async fn serve_tls(
             },
         };
         let _ = stream.set_nodelay(true);
-        let acceptor = acceptor.clone();
+        let connection = Connection {
+            acceptor: acceptor.clone(),
+            builder: builder.clone(),
+            metrics: metrics.clone(),
+            handshake_timeout: settings.handshake_timeout,
+        };
         let service = TowerToHyperService::new(router.clone());
-        let metrics = metrics.clone();
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let handshake_timeout = settings.handshake_timeout;
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    metrics.tls_handshake_error();
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    metrics.tls_handshake_error();
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let conn = builder
-                .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                .into_owned();
-            if let Err(error) = watcher.watch(conn).await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
-        });
+        tokio::spawn(connection.serve(stream, peer, service, graceful.watcher()));
     }
     tracing::info!("webhook shutting down: draining in-flight requests");
     if tokio::time::timeout(settings.drain_timeout, graceful.shutdown())
@@ -237,6 +211,58 @@ pub async fn serve_tls(
         tracing::warn!("drain timed out; closing remaining connections");
     }
     Ok(())
+}
+
+/// HTTP/1.1 with keep-alive (and a deadline for a request's headers), or HTTP/2.
+fn http_builder(settings: &ServerSettings) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.handshake_timeout)
+        .keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    builder
+}
+
+/// What one accepted connection needs: its TLS handshake, bounded in time, then HTTP until it ends or the
+/// server drains.
+struct Connection {
+    acceptor: TlsAcceptor,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    metrics: Metrics,
+    handshake_timeout: Duration,
+}
+
+impl Connection {
+    async fn serve(
+        self,
+        stream: tokio::net::TcpStream,
+        peer: std::net::SocketAddr,
+        service: TowerToHyperService<Router>,
+        watcher: hyper_util::server::graceful::Watcher,
+    ) {
+        let tls = match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(error)) => {
+                self.metrics.tls_handshake_error();
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                self.metrics.tls_handshake_error();
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        };
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(tls), service)
+            .into_owned();
+        if let Err(error) = watcher.watch(conn).await {
+            tracing::debug!(%peer, %error, "connection ended with an error");
+        }
+    }
 }
 
 /// Plain-HTTP admin routes: `/metrics`, `/healthz`, `/readyz` (ready when `ready` says so).
