@@ -27,72 +27,63 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let counters = |name: &str, help: &str, labels: &[&str]| {
+            registered(registry, IntCounterVec::new(Opts::new(name, help), labels)?)
+        };
+        let counter = |name: &str, help: &str| registered(registry, IntCounter::new(name, help)?);
         let m = Self {
-            requests: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_admission_requests_total",
-                    "Admission reviews answered, by webhook, operation and verdict.",
-                ),
+            requests: counters(
+                "rayshift_admission_requests_total",
+                "Admission reviews answered, by webhook, operation and verdict.",
                 &["webhook", "operation", "verdict"],
             )?,
-            denials: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_admission_denials_total",
-                    "Rule violations that denied a RayService, by rule.",
-                ),
+            denials: counters(
+                "rayshift_admission_denials_total",
+                "Rule violations that denied a RayService, by rule.",
                 &["rule"],
             )?,
-            warnings: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_admission_warnings_total",
-                    "Warnings returned with admitted RayServices, by rule.",
-                ),
+            warnings: counters(
+                "rayshift_admission_warnings_total",
+                "Warnings returned with admitted RayServices, by rule.",
                 &["rule"],
             )?,
-            patches: IntCounter::new(
+            patches: counter(
                 "rayshift_admission_patches_total",
                 "Mutating reviews that returned a defaulting patch.",
             )?,
-            bad_requests: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_admission_bad_requests_total",
-                    "Requests refused before review, by HTTP status.",
-                ),
+            bad_requests: counters(
+                "rayshift_admission_bad_requests_total",
+                "Requests refused before review, by HTTP status.",
                 &["code"],
             )?,
-            latency: HistogramVec::new(
-                HistogramOpts::new(
-                    "rayshift_admission_request_duration_seconds",
-                    "Time to answer an admission review.",
-                )
-                .buckets(LATENCY_BUCKETS.to_vec()),
-                &["webhook"],
+            latency: registered(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "rayshift_admission_request_duration_seconds",
+                        "Time to answer an admission review.",
+                    )
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                    &["webhook"],
+                )?,
             )?,
-            tls_handshake_errors: IntCounter::new(
+            tls_handshake_errors: counter(
                 "rayshift_webhook_tls_handshake_errors_total",
                 "TLS handshakes with the webhook that failed.",
             )?,
-            cert_expiry: IntGauge::new(
-                "rayshift_webhook_certificate_expiry_timestamp_seconds",
-                "Expiry (notAfter, Unix seconds) of the serving certificate in use.",
+            cert_expiry: registered(
+                registry,
+                IntGauge::new(
+                    "rayshift_webhook_certificate_expiry_timestamp_seconds",
+                    "Expiry (notAfter, Unix seconds) of the serving certificate in use.",
+                )?,
             )?,
-            cert_reloads: IntCounterVec::new(
-                Opts::new(
-                    "rayshift_webhook_certificate_reloads_total",
-                    "Serving certificate reloads from disk, by result.",
-                ),
+            cert_reloads: counters(
+                "rayshift_webhook_certificate_reloads_total",
+                "Serving certificate reloads from disk, by result.",
                 &["result"],
             )?,
         };
-        registry.register(Box::new(m.requests.clone()))?;
-        registry.register(Box::new(m.denials.clone()))?;
-        registry.register(Box::new(m.warnings.clone()))?;
-        registry.register(Box::new(m.patches.clone()))?;
-        registry.register(Box::new(m.bad_requests.clone()))?;
-        registry.register(Box::new(m.latency.clone()))?;
-        registry.register(Box::new(m.tls_handshake_errors.clone()))?;
-        registry.register(Box::new(m.cert_expiry.clone()))?;
-        registry.register(Box::new(m.cert_reloads.clone()))?;
         // Known label values start at zero, so the series exist before the first event.
         for code in ["400", "408", "413", "500"] {
             m.bad_requests.with_label_values(&[code]);
@@ -147,4 +138,13 @@ pub fn render(registry: &Registry) -> String {
     // Encoding to a Vec cannot fail for well-formed metric families.
     let _ = TextEncoder::new().encode(&registry.gather(), &mut buf);
     String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// A metric family, registered as it is made.
+fn registered<C: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    c: C,
+) -> prometheus::Result<C> {
+    registry.register(Box::new(c.clone()))?;
+    Ok(c)
 }
