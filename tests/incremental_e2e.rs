@@ -638,6 +638,7 @@ async fn after_a_switch_to_new_cluster_the_route_follows_the_active_cluster() {
         route_on(&env, "llm-httproute", 0, &second)
     })
     .await;
+    told_route_followed(&env, "llm-httproute", &second).await;
     env.gone::<RayCluster>(&first, 60).await;
     env.gone::<Service>(&format!("{first}-serve-svc"), 60).await;
     let gateways: Api<Gateway> = Api::namespaced(env.client.clone(), &env.ns);
@@ -660,6 +661,29 @@ async fn switched_to_new_cluster(env: &Env, first: &str) -> String {
         active(&rs).filter(|a| a != first && pending(&rs).is_none())
     })
     .await
+}
+
+/// The Event that tells a person the route moved to the new active cluster, once.
+async fn told_route_followed(env: &Env, route: &str, cluster: &str) {
+    let wanted = format!(
+        "Moved all traffic to the active cluster {cluster} on HTTPRoute {}/{route}",
+        env.ns
+    );
+    let moved = || {
+        let notes = env.event_notes("UpdatedHTTPRoute");
+        notes
+            .into_iter()
+            .filter(|(n, _)| n.starts_with(&wanted))
+            .collect::<Vec<_>>()
+    };
+    env.eventually(
+        "the Event of the route following the active cluster",
+        30,
+        || async { (!moved().is_empty()).then_some(()) },
+    )
+    .await;
+    let followed: Vec<_> = moved();
+    assert_eq!(followed.len(), 1, "{followed:?}");
 }
 
 /// Some when `rule` of the route sends all of its traffic to `cluster`'s serve Service and Traefik has accepted
@@ -709,6 +733,7 @@ async fn after_a_switch_an_adopted_route_follows_the_active_cluster() {
         route_on(&env, "public", 1, &second)
     })
     .await;
+    told_route_followed(&env, "public", &second).await;
     env.gone::<RayCluster>(&first, 60).await;
     let after = env.raw::<HttpRoute>(&env.ns, "public").await;
     assert_eq!(

@@ -460,6 +460,15 @@ pub fn routes_to_clusters_of(route: &Value, index: usize, rs: &str) -> bool {
         .is_some_and(|backends| !backends.is_empty() && backends.iter().all(ours))
 }
 
+/// Whether rule `index` of the route sends all of its traffic to the Service `service`.
+pub fn all_traffic_to(route: &Value, index: usize, service: &str) -> bool {
+    route["spec"]["rules"][index]["backendRefs"]
+        .as_array()
+        .is_some_and(|b| {
+            b.len() == 1 && b[0]["name"] == service && b[0]["weight"].as_i64().is_none_or(|w| w > 0)
+        })
+}
+
 /// A JSON patch that sets only the managed rule's backendRefs of an adopted route, or `None` when they are
 /// already `backends`. The route's `rules` list is atomic in the upstream CRD, so server-side apply could
 /// only own all of it; this patch instead touches one field and fails (409/422) if the route or the
@@ -610,6 +619,20 @@ mod tests {
         );
         let imported = json!([{"kind": "ServiceImport", "name": "llm-b2c4d-serve-svc"}]);
         assert!(!routes_to_clusters_of(&rule(imported), 1, "llm"), "another kind");
+    }
+
+    #[test]
+    fn all_traffic_to_one_service_only() {
+        let rule = |backends: Value| json!({"spec": {"rules": [{"backendRefs": backends}]}});
+        let on = |backends: Value| all_traffic_to(&rule(backends), 0, "llm-a-serve-svc");
+        assert!(on(json!([{"name": "llm-a-serve-svc", "weight": 100}])));
+        assert!(on(json!([{"name": "llm-a-serve-svc"}])), "weight defaults to 1");
+        assert!(!on(json!([{"name": "llm-b-serve-svc", "weight": 100}])));
+        assert!(!on(json!([{"name": "llm-a-serve-svc", "weight": 0}])));
+        assert!(!on(
+            json!([{"name": "llm-a-serve-svc", "weight": 50}, {"name": "llm-b-serve-svc", "weight": 50}])
+        ));
+        assert!(!on(json!([])));
     }
 
     #[test]

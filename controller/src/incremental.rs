@@ -123,9 +123,9 @@ pub async fn follow_active(rs: &RayService, ctx: &Context, active: Option<&RayCl
     let Ok(attachment) = Attachment::from_annotations(rs.annotations(), &ns) else {
         return Ok(());
     };
-    if !routed_by_rayshift(ctx, rs, &ns, &attachment).await? {
+    let Some(routed) = routed_rule(ctx, rs, &ns, &attachment).await? else {
         return Ok(());
-    }
+    };
     let pass = Pass {
         rs,
         ctx,
@@ -148,32 +148,56 @@ pub async fn follow_active(rs: &RayService, ctx: &Context, active: Option<&RayCl
         ..RayServiceStatuses::default()
     };
     apply_cluster_serve_service(&pass, active).await?;
-    apply_route(&pass, &attachment, &all_on_active).await
+    apply_route(&pass, &attachment, &all_on_active).await?;
+    let serve_service = children::cluster_serve_service_name(&active.name_any());
+    if !children::all_traffic_to(&routed.route, routed.rule, &serve_service) {
+        let note = format!(
+            "Moved all traffic to the active cluster {} on HTTPRoute {ns}/{}: since the switch from \
+             NewClusterWithIncrementalUpgrade the route follows the active cluster",
+            active.name_any(),
+            routed.name
+        );
+        ctx.event(rs, EventType::Normal, "UpdatedHTTPRoute", "Update", note);
+    }
+    Ok(())
 }
 
-/// Whether the route the attachment uses is one rayshift routes: its own HTTPRoute, or the adopted one while
-/// its managed rule still goes to this RayService's clusters. Read from the cache once it has listed, so a pass
+/// The route rayshift routes for a RayService, and the index of the rule it manages there.
+struct RoutedRule {
+    name: String,
+    route: serde_json::Value,
+    rule: usize,
+}
+
+/// The route the attachment uses, if rayshift routes it: its own HTTPRoute, or the adopted one while its
+/// managed rule still goes to this RayService's clusters. Read from the cache once it has listed, so a pass
 /// right after a restart does not miss it.
-async fn routed_by_rayshift(
+async fn routed_rule(
     ctx: &Context,
     rs: &RayService,
     ns: &str,
     attachment: &Attachment,
-) -> Result<bool> {
+) -> Result<Option<RoutedRule>> {
     let own = children::route_name(&rs.name_any());
     let (name, rule) = match attachment {
         Attachment::AdoptedRoute { name, rule } => (name.as_str(), Some(rule.as_deref())),
         _ => (own.as_str(), None),
     };
     let Some(route) = context::read_child::<HttpRoute>(ctx, ns, name).await? else {
-        return Ok(false);
+        return Ok(None);
     };
-    let Some(rule) = rule else {
-        return Ok(owned_by(rs, &route));
-    };
+    let owned = owned_by(rs, &route);
     let route = serde_json::to_value(&route).expect("routes serialize");
-    Ok(children::adopted_rule_index(&route, rule)
-        .is_some_and(|index| children::routes_to_clusters_of(&route, index, &rs.name_any())))
+    let routed = match rule {
+        None => owned.then_some(0),
+        Some(rule) => children::adopted_rule_index(&route, rule)
+            .filter(|index| children::routes_to_clusters_of(&route, *index, &rs.name_any())),
+    };
+    Ok(routed.map(|rule| RoutedRule {
+        name: name.to_string(),
+        route,
+        rule,
+    }))
 }
 
 /// Asks Prometheus the SLO checks that are due (on the pending cluster, beside the active one), and counts
