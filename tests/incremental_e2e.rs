@@ -716,12 +716,7 @@ async fn after_a_switch_an_adopted_route_follows_the_active_cluster() {
     let env = Env::new("switchadopt").await;
     let first = env.deploy(50, 25, 1).await;
     // The user's other rule resolves too, so the route's ResolvedRefs speaks for the rule rayshift moves.
-    env.create_raw::<Service>(
-        &env.ns,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "docs"},
-        "spec": {"selector": {"app": "docs"}, "ports": [{"port": 80}]}}),
-    )
-    .await;
+    create_docs_service(&env).await;
     adopt_a_route_on_its_own_gateway(&env).await;
     env.eventually("the adopted rule on the active cluster", 30, || {
         route_on(&env, "public", 1, &first)
@@ -839,6 +834,16 @@ async fn adopt_a_route_on_its_own_gateway(env: &Env) {
     env.gone::<HttpRoute>("llm-httproute", 30).await;
 }
 
+/// The Service behind the user's own `docs` rule.
+async fn create_docs_service(env: &Env) {
+    env.create_raw::<Service>(
+        &env.ns,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "docs"},
+        "spec": {"selector": {"app": "docs"}, "ports": [{"port": 80}]}}),
+    )
+    .await;
+}
+
 /// The user's route with a rule of its own (`docs`) before the one rayshift manages (`serve`).
 fn user_route() -> Value {
     json!({
@@ -877,12 +882,7 @@ async fn an_adopted_route_keeps_everything_but_the_backends_rayshift_manages() {
         "spec": {"gatewayClassName": traefik::CLASS, "listeners": [{"name": "web", "protocol": "HTTP", "port": 80}]}
     }))
     .await;
-    env.create_raw::<Service>(
-        &ns,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "docs"},
-        "spec": {"selector": {"app": "docs"}, "ports": [{"port": 80}]}}),
-    )
-    .await;
+    create_docs_service(&env).await;
     env.create_raw::<HttpRoute>(&ns, user_route()).await;
     let before = env.raw::<HttpRoute>(&ns, "public").await;
     let annotations = json!({"rayshift.io/http-route": "public", "rayshift.io/http-route-rule": "serve"});

@@ -496,20 +496,6 @@ impl std::fmt::Display for Unused<'_> {
     }
 }
 
-/// `name` as the cache holds it, if this RayService owns it (only the cache is read).
-fn cached_owned<K>(
-    caches: &context::Caches,
-    rs: &RayService,
-    ns: &str,
-    name: &str,
-) -> Option<std::sync::Arc<K>>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + 'static,
-{
-    let object = caches.child::<K>(ns, name).flatten()?;
-    owned_by(rs, &*object).then_some(object)
-}
-
 /// Whether the RayService is among the object's owners (by uid: a RayService of the same name made again is
 /// another).
 fn owned_by(rs: &RayService, object: &impl kube::Resource) -> bool {
@@ -527,12 +513,8 @@ where
         + std::fmt::Debug
         + 'static,
 {
-    let owned = p
-        .ctx
-        .caches
-        .as_ref()
-        .and_then(|c| cached_owned::<K>(c, p.rs, p.ns, name));
-    if owned.is_none() {
+    let cached = p.ctx.caches.as_ref().and_then(|c| c.child::<K>(p.ns, name));
+    if !cached.flatten().is_some_and(|object| owned_by(p.rs, &*object)) {
         return Ok(());
     }
     let kind = K::kind(&());

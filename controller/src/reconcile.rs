@@ -795,7 +795,7 @@ async fn update_head_serve_label(
     let current = pod.labels().get(SERVE_LABEL).map(String::as_str);
     let (want, failing) = match rs.spec.exclude_head_pod_from_serve_svc {
         Some(true) => (false, false),
-        _ => serve_label_wanted(rs, ctx, ns, cluster, pod, current == Some("true")).await,
+        _ => serve_label_wanted(rs, ctx, ns, &owner, cluster, pod, current == Some("true")).await,
     };
     let want = if want { "true" } else { "false" };
     let pod_uid = pod.uid().unwrap_or_default();
@@ -834,12 +834,12 @@ async fn serve_label_wanted(
     rs: &RayService,
     ctx: &Context,
     ns: &str,
+    owner: &str,
     cluster: &str,
     pod: &Pod,
     serving: bool,
 ) -> (bool, bool) {
     const FAILURES_BEFORE_REMOVAL: u32 = 3;
-    let owner = rs.uid().unwrap_or_default();
     let healthy = match head_proxy(rs, ns, cluster, pod) {
         Some(head) => {
             ctx.dashboard
@@ -850,10 +850,10 @@ async fn serve_label_wanted(
     };
     let mut records = ctx.records();
     if healthy {
-        records.proxy_healthy(&owner, cluster);
+        records.proxy_healthy(owner, cluster);
         return (true, false);
     }
-    let n = records.proxy_failed(&owner, cluster);
+    let n = records.proxy_failed(owner, cluster);
     (serving && n < FAILURES_BEFORE_REMOVAL, true)
 }
 
