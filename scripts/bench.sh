@@ -9,7 +9,9 @@
 #                                     them with two leader-elected replicas) and kube-apiserver restarts
 #   scripts/bench.sh zero-downtime    12 upgrades of real Ray Serve heads through Traefik under load
 #   scripts/bench.sh scale            10, 100 and 1,000 RayServices (1,000 also over 20 namespaces) on the real
-#                                     apiserver, release build: time to Ready, RSS, settled writes, CPU, Serve reads
+#                                     apiserver, release build: time to Ready, RSS, settled writes, CPU, Serve reads;
+#                                     then what bounds them: the apiserver's time for 50 route writes at once, and
+#                                     its CPU per write of each kind rayshift writes
 #   scripts/bench.sh fuzz             libFuzzer on the AdmissionReview handlers for RAYSHIFT_FUZZ_SECONDS (600),
 #                                     growing fuzz/corpus/ (then minimised); a crash fails the run
 #
@@ -57,6 +59,8 @@ if [ "$what" = all ] || [ "$what" = scale ]; then
   done
   step "50 HTTPRoute writes at once on an idle apiserver (what bounds 50 traffic steps due at one instant)"
   cargo test --release --locked --test scale_e2e fifty_route_writes_at_once -- --ignored --nocapture
+  step "kube-apiserver CPU per write, by kind, one at a time on an idle apiserver (what bounds time to Ready)"
+  cargo test --release --locked --test scale_e2e apiserver_cpu_per_write_by_kind -- --ignored --nocapture
   echo
   echo "| RayServices | namespaces | s to all Ready | API writes per RayService to Ready | RSS MiB at Ready | RSS MiB settled (peak) | API writes/min settled | CPU % of a core settled | Serve status reads per RayService per 10 s |"
   echo "|---|---|---|---|---|---|---|---|---|"

@@ -619,3 +619,279 @@ async fn fifty_route_writes_at_once() {
         at_once[0], at_once[5], at_once[9], one_by_one[5]
     );
 }
+
+/// Writes of each kind timed in one round of `apiserver_cpu_per_write_by_kind`.
+const WRITES_PER_KIND: usize = 100;
+/// Rounds of every kind in turn: the apiserver's garbage collector makes any one round noisy.
+const WRITE_ROUNDS: usize = 5;
+
+/// How many writes the benchmark keeps in flight: the controller's default `--concurrency`, and one.
+const IN_FLIGHT: [usize; 2] = [8, 1];
+
+/// What a write of each kind costs kube-apiserver and etcd in CPU on an otherwise idle control plane, with the
+/// objects of the scale test (a ConfigMap of 2 KiB is the baseline), 8 writes in flight as the controller keeps
+/// them, and one at a time. They are the writes a RayService takes to become Ready and those of a traffic step,
+/// so their costs tell which writes the apiserver's time to Ready goes to (BENCHMARKS.md). Ignored in the
+/// suite; `scripts/bench.sh scale` runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: scripts/bench.sh scale"]
+async fn apiserver_cpu_per_write_by_kind() {
+    let cp = control_plane();
+    let client = cp.client().await;
+    let ns = cp.namespace(&client, "writes").await;
+    let pid_of = |name: &str| {
+        cp.pids()
+            .into_iter()
+            .find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == name))
+            .unwrap_or_else(|| panic!("no {name} process"))
+    };
+    let cpu = || (process(pid_of("kube-apiserver")).2, process(pid_of("etcd")).2);
+    let writes = WriteKinds::new(client, &ns);
+    writes.prepare().await;
+    // Per kind, per IN_FLIGHT entry: (apiserver, etcd) CPU ms per write, one pair per round.
+    let mut costs = vec![[const { Vec::new() }; IN_FLIGHT.len()]; WriteKind::ALL.len()];
+    for round in 0..WRITE_ROUNDS {
+        for (k, kind) in WriteKind::ALL.into_iter().enumerate() {
+            for (f, in_flight) in IN_FLIGHT.iter().enumerate() {
+                let ((a0, e0), pass) = (cpu(), round * IN_FLIGHT.len() + f);
+                futures::stream::iter(0..WRITES_PER_KIND)
+                    .for_each_concurrent(*in_flight, |i| writes.write(kind, pass, i))
+                    .await;
+                let (a1, e1) = cpu();
+                let per_write = |d: Duration| d.as_secs_f64() * 1e3 / WRITES_PER_KIND as f64;
+                costs[k][f].push((per_write(a1 - a0), per_write(e1 - e0)));
+            }
+        }
+    }
+    print_write_costs(&costs);
+}
+
+fn print_write_costs(costs: &[[Vec<(f64, f64)>; IN_FLIGHT.len()]]) {
+    let median = |v: &[(f64, f64)], side: fn(&(f64, f64)) -> f64| {
+        let mut v: Vec<f64> = v.iter().map(side).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let baseline = median(&costs[0][0], |c| c.0);
+    assert!(baseline > 0.0, "no apiserver CPU measured for the baseline");
+    println!(
+        "| write | kube-apiserver CPU ms per write, {} in flight: median (min–max of {WRITE_ROUNDS} rounds) | × the ConfigMap's | one in flight: median | etcd CPU ms per write, {} in flight |",
+        IN_FLIGHT[0], IN_FLIGHT[0]
+    );
+    println!("|---|---|---|---|---|");
+    for (kind, [many, one]) in WriteKind::ALL.iter().zip(costs) {
+        let api = median(many, |c| c.0);
+        let (min, max) = many
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), c| (lo.min(c.0), hi.max(c.0)));
+        println!(
+            "| {} | {api:.2} ({min:.2}–{max:.2}) | {:.1} | {:.2} | {:.2} |",
+            kind.label(),
+            api / baseline,
+            median(one, |c| c.0),
+            median(many, |c| c.1)
+        );
+    }
+}
+
+/// A kind of write `apiserver_cpu_per_write_by_kind` times, shaped like the controller's (the baseline and the
+/// user's create aside).
+#[derive(Clone, Copy)]
+enum WriteKind {
+    ConfigMap,
+    Event,
+    ServeService,
+    PodLabel,
+    RayCluster,
+    RayServiceStatus,
+    HttpRoute,
+    RayServiceCreate,
+}
+
+impl WriteKind {
+    const ALL: [WriteKind; 8] = [
+        Self::ConfigMap,
+        Self::Event,
+        Self::ServeService,
+        Self::PodLabel,
+        Self::RayCluster,
+        Self::RayServiceStatus,
+        Self::HttpRoute,
+        Self::RayServiceCreate,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::ConfigMap => "ConfigMap create (2 KiB, baseline)",
+            Self::Event => "Event create",
+            Self::ServeService => "Service apply (a serve Service)",
+            Self::PodLabel => "Pod label patch",
+            Self::RayCluster => "RayCluster apply",
+            Self::RayServiceStatus => "RayService status patch",
+            Self::HttpRoute => "HTTPRoute apply (a weight)",
+            Self::RayServiceCreate => "RayService create (the user's)",
+        }
+    }
+
+    /// The object's name and the body written to it. `pass` makes every write differ from the one before it.
+    fn body(self, ns: &str, pass: usize, i: usize) -> (String, serde_json::Value) {
+        let (rs, unique) = (format!("rs{i}"), format!("r{pass}-{i}"));
+        match self {
+            Self::ConfigMap => (
+                unique.clone(),
+                json!({"metadata": {"name": unique}, "data": {"data": "x".repeat(2048)}}),
+            ),
+            Self::Event => (
+                unique.clone(),
+                json!({"metadata": {"name": unique},
+                "involvedObject": {"apiVersion": "ray.io/v1", "kind": "RayService", "name": rs, "namespace": ns},
+                "reason": "CreatedRayCluster", "action": "Create", "type": "Normal",
+                "message": format!("Created RayCluster {ns}/{rs}-abcde"), "reportingComponent": "rayshift",
+                "reportingInstance": "rayshift-0", "source": {"component": "rayshift"}, "count": 1}),
+            ),
+            Self::ServeService => (
+                format!("{unique}-serve-svc"),
+                json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": format!("{unique}-serve-svc"), "labels": {"ray.io/serve": format!("{rs}-serve")}},
+                "spec": {"selector": {"ray.io/cluster": format!("{rs}-abcde"), "ray.io/serve": "true"},
+                    "ports": [{"name": "serve", "port": 8000, "targetPort": 8000, "appProtocol": "http"}]}}),
+            ),
+            Self::PodLabel => {
+                let label = if pass.is_multiple_of(2) { "true" } else { "false" };
+                (
+                    format!("{rs}-head"),
+                    json!({"metadata": {"labels": {"ray.io/serve": label}}}),
+                )
+            }
+            Self::RayCluster => {
+                let spec =
+                    serde_json::to_value(&rayservice(&rs, true).spec).unwrap()["rayClusterConfig"].clone();
+                (
+                    format!("{unique}-abcde"),
+                    json!({"apiVersion": "ray.io/v1", "kind": "RayCluster",
+                    "metadata": {"name": format!("{unique}-abcde"), "labels": {"ray.io/originated-from-cr-name": rs,
+                        "ray.io/originated-from-crd": "RayService"},
+                        "annotations": {"rayshift.io/serve-config": "applications: []"}},
+                    "spec": spec}),
+                )
+            }
+            Self::RayServiceStatus => (
+                rs.clone(),
+                json!({"status": {"serviceStatus": "Running", "observedGeneration": 1,
+                "lastUpdateTime": format!("2026-01-01T00:00:{pass:02}Z"),
+                "conditions": [{"type": "Ready", "status": "True", "reason": "NonZeroServeEndpoints",
+                    "message": "Number of serve endpoints is greater than 0", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "activeServiceStatus": {"rayClusterName": format!("{rs}-abcde"), "applicationStatuses": {"app": {
+                    "status": "RUNNING", "serveDeploymentStatuses": {"App": {"status": "HEALTHY"}}}}}}}),
+            ),
+            Self::HttpRoute => {
+                let weight = (i % 4) as i64 * 25 + pass as i64;
+                (
+                    format!("{rs}-route"),
+                    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                    "metadata": {"name": format!("{rs}-route")},
+                    "spec": {"parentRefs": [{"name": "gateway"}], "rules": [{"backendRefs": [
+                        {"name": format!("{rs}-a-serve-svc"), "port": 8000, "weight": 100 - weight},
+                        {"name": format!("{rs}-b-serve-svc"), "port": 8000, "weight": weight}]}]}}),
+                )
+            }
+            Self::RayServiceCreate => {
+                let name = format!("user-{unique}");
+                let body = serde_json::to_value(rayservice(&name, true)).unwrap();
+                (name, body)
+            }
+        }
+    }
+}
+
+/// Sends the writes of `apiserver_cpu_per_write_by_kind` into one namespace.
+struct WriteKinds {
+    client: Client,
+    ns: String,
+}
+
+impl WriteKinds {
+    fn new(client: Client, ns: &str) -> Self {
+        Self {
+            client,
+            ns: ns.to_string(),
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// The objects the patches write to (RayServices, head Pods, routes), created untimed.
+    async fn prepare(&self) {
+        for i in 0..WRITES_PER_KIND {
+            let name = format!("rs{i}");
+            let rs = rayservice(&name, true);
+            self.api::<RayService>()
+                .create(&PostParams::default(), &rs)
+                .await
+                .unwrap();
+            let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("{name}-head"),
+                "labels": {"ray.io/node-type": "head", "ray.io/serve": "false"}},
+                "spec": {"containers": [{"name": "ray-head", "image": IMAGE}]}}))
+            .unwrap();
+            self.api::<Pod>()
+                .create(&PostParams::default(), &pod)
+                .await
+                .unwrap();
+            // A traffic step updates a route that exists.
+            self.write(WriteKind::HttpRoute, WRITE_ROUNDS * IN_FLIGHT.len(), i)
+                .await;
+        }
+    }
+
+    async fn write(&self, kind: WriteKind, pass: usize, i: usize) {
+        use k8s_openapi::api::core::v1::{ConfigMap, Event, Service};
+        let (name, body) = kind.body(&self.ns, pass, i);
+        let apply = |body| Patch::Apply(body);
+        let (post, merge) = (PostParams::default(), PatchParams::default());
+        let ssa = PatchParams::apply("rayshift").force();
+        let sent = match kind {
+            WriteKind::ConfigMap => self.api::<ConfigMap>().create(&post, &from(body)).await.map(drop),
+            WriteKind::Event => self.api::<Event>().create(&post, &from(body)).await.map(drop),
+            WriteKind::RayServiceCreate => self
+                .api::<RayService>()
+                .create(&post, &from(body))
+                .await
+                .map(drop),
+            WriteKind::ServeService => self
+                .api::<Service>()
+                .patch(&name, &ssa, &apply(body))
+                .await
+                .map(drop),
+            WriteKind::RayCluster => self
+                .api::<RayCluster>()
+                .patch(&name, &ssa, &apply(body))
+                .await
+                .map(drop),
+            WriteKind::HttpRoute => {
+                let api = self.api::<gateway_api::httproutes::HttpRoute>();
+                api.patch(&name, &ssa, &apply(body)).await.map(drop)
+            }
+            WriteKind::PodLabel => self
+                .api::<Pod>()
+                .patch(&name, &merge, &Patch::Merge(body))
+                .await
+                .map(drop),
+            WriteKind::RayServiceStatus => {
+                let api = self.api::<RayService>();
+                api.patch_status(&name, &merge, &Patch::Merge(body))
+                    .await
+                    .map(drop)
+            }
+        };
+        sent.unwrap_or_else(|e| panic!("{} {name}: {e}", kind.label()));
+    }
+}
+
+fn from<K: serde::de::DeserializeOwned>(body: serde_json::Value) -> K {
+    serde_json::from_value(body).unwrap()
+}
