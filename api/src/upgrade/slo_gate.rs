@@ -56,27 +56,7 @@ pub(super) fn judge(d: &mut StepDecision, evaluations: &[Evaluation], s: &Settin
         let Some(check) = s.slo_checks.iter().find(|c| c.name == e.check) else {
             continue;
         };
-        let outcome = check.outcome(&e.reading);
-        let before = record(&d.status, &check.name).map_or(0, |r| r.failures);
-        let failures = match outcome {
-            Outcome::Pass => 0,
-            Outcome::Fail => before + 1,
-            Outcome::NoData | Outcome::Unavailable => before,
-        };
-        let entry = SloCheckStatus {
-            name: check.name.clone(),
-            outcome,
-            value: e.reading.shown(),
-            query: e.query.clone(),
-            time: now,
-            failures,
-        };
-        let records = &mut d.status.progress.slo_checks;
-        match records.iter_mut().find(|r| r.name == check.name) {
-            Some(r) => *r = entry,
-            None => records.push(entry),
-        }
-        d.notices.extend(notice(check, e, outcome, failures));
+        let (outcome, failures) = record_evaluation(d, check, e, now);
         if outcome == Outcome::Fail && failures >= check.failure_limit && reached.is_none() {
             let message = format!(
                 "SLO check {} failed {failures} times in a row: {} = {}, wanted {}",
@@ -88,9 +68,42 @@ pub(super) fn judge(d: &mut StepDecision, evaluations: &[Evaluation], s: &Settin
             reached = Some((check, message));
         }
     }
-    let Some((check, message)) = reached else {
-        return false;
+    reached.is_some_and(|(check, message)| act_on_failure(d, check, message, now))
+}
+
+/// Keeps the check's latest outcome and its count of failures in a row in the status; an event if it did not pass.
+fn record_evaluation(
+    d: &mut StepDecision,
+    check: &SloCheck,
+    e: &Evaluation,
+    now: Timestamp,
+) -> (Outcome, u32) {
+    let outcome = check.outcome(&e.reading);
+    let before = record(&d.status, &check.name).map_or(0, |r| r.failures);
+    let failures = match outcome {
+        Outcome::Pass => 0,
+        Outcome::Fail => before + 1,
+        Outcome::NoData | Outcome::Unavailable => before,
     };
+    let entry = SloCheckStatus {
+        name: check.name.clone(),
+        outcome,
+        value: e.reading.shown(),
+        query: e.query.clone(),
+        time: now,
+        failures,
+    };
+    let records = &mut d.status.progress.slo_checks;
+    match records.iter_mut().find(|r| r.name == check.name) {
+        Some(r) => *r = entry,
+        None => records.push(entry),
+    }
+    d.notices.extend(notice(check, e, outcome, failures));
+    (outcome, failures)
+}
+
+/// A check reached its failure limit: roll back (as an abort) or pause. `true` when it paused the upgrade.
+fn act_on_failure(d: &mut StepDecision, check: &SloCheck, message: String, now: Timestamp) -> bool {
     match check.on_failure {
         OnFailure::Rollback => {
             let progress = &mut d.status.progress;

@@ -403,60 +403,92 @@ fn validate_gcs_ft(
     v: &mut Verdict,
 ) {
     let opts = extra(spec, "gcsFaultToleranceOptions");
-    let annotated = |k: &str| ann.get(k).is_some_and(|a| !a.is_empty());
-    let ann_path = |k: &str| format!("metadata.annotations[{k}]");
-    if opts.is_some() && annotated(FT_ANNOTATION) {
+    check_legacy_gcs_ft(spec, ann, opts.is_some(), v);
+    if let Some(opts) = opts {
+        check_gcs_ft_owned_settings(spec, ann, v);
+        check_gcs_backend(spec, opts, cfg, v);
+    }
+    let username_env = head_env(spec, "REDIS_USERNAME").map(|(f, _)| f);
+    if head_param(spec, "redis-username") || username_env.is_some() {
+        let msg = "cannot set redis username in rayStartParams or environment variables - use \
+                   GcsFaultToleranceOptions.RedisUsername instead";
+        let field = username_env.unwrap_or_else(|| format!("{HEAD}.rayStartParams[redis-username]"));
+        forbidden(v, field, "gcs-ft-redis-username", msg);
+    }
+}
+
+fn annotated(ann: &BTreeMap<String, String>, key: &str) -> bool {
+    ann.get(key).is_some_and(|a| !a.is_empty())
+}
+
+fn annotation_path(key: &str) -> String {
+    format!("metadata.annotations[{key}]")
+}
+
+fn head_param(spec: &RayClusterSpec, key: &str) -> bool {
+    let params = spec.head_group_spec.ray_start_params.as_ref();
+    params.and_then(|p| p.get(key)).is_some_and(|x| !x.is_empty())
+}
+
+/// The legacy annotation beside the options, and Redis named without either.
+fn check_legacy_gcs_ft(
+    spec: &RayClusterSpec,
+    ann: &BTreeMap<String, String>,
+    has_options: bool,
+    v: &mut Verdict,
+) {
+    if has_options && annotated(ann, FT_ANNOTATION) {
         let msg = format!(
             "{FT_ANNOTATION} annotation and GcsFaultToleranceOptions are both set. Please use only \
              GcsFaultToleranceOptions to configure GCS fault tolerance"
         );
-        forbidden(v, ann_path(FT_ANNOTATION), "gcs-ft-annotation-conflict", msg);
+        forbidden(
+            v,
+            annotation_path(FT_ANNOTATION),
+            "gcs-ft-annotation-conflict",
+            msg,
+        );
     }
     // The legacy annotation still turns fault tolerance on, so it makes RAY_REDIS_ADDRESS legitimate.
     let legacy_ft = ann
         .get(FT_ANNOTATION)
         .is_some_and(|a| a.eq_ignore_ascii_case("true"));
-    if let (false, None, Some((field, _))) = (legacy_ft, opts, head_env(spec, "RAY_REDIS_ADDRESS")) {
+    if let (false, false, Some((field, _))) = (legacy_ft, has_options, head_env(spec, "RAY_REDIS_ADDRESS")) {
         let msg = "RAY_REDIS_ADDRESS is set which implicitly enables GCS fault tolerance, but \
                    GcsFaultToleranceOptions is not set. Please set GcsFaultToleranceOptions to enable GCS \
                    fault tolerance";
         forbidden(v, field, "gcs-ft-implicit-redis", msg);
     }
-    let head_params = spec.head_group_spec.ray_start_params.as_ref();
-    let param = |k: &str| head_params.and_then(|p| p.get(k)).is_some_and(|x| !x.is_empty());
-    if let Some(opts) = opts {
-        // The operator derives these from GcsFaultToleranceOptions; a user copy would conflict.
-        if param("redis-password") {
-            let msg = "cannot set `redis-password` in rayStartParams when GcsFaultToleranceOptions is \
-                       enabled - use GcsFaultToleranceOptions.RedisPassword instead";
-            let field = format!("{HEAD}.rayStartParams[redis-password]");
-            forbidden(v, field, "gcs-ft-redis-password", msg);
-        }
-        if let Some((field, _)) = head_env(spec, "REDIS_PASSWORD") {
-            let msg = "cannot set `REDIS_PASSWORD` env var in head Pod when GcsFaultToleranceOptions is \
-                       enabled - use GcsFaultToleranceOptions.RedisPassword instead";
-            forbidden(v, field, "gcs-ft-redis-password", msg);
-        }
-        if let Some((field, _)) = head_env(spec, "RAY_REDIS_ADDRESS") {
-            let msg = "cannot set `RAY_REDIS_ADDRESS` env var in head Pod when GcsFaultToleranceOptions is \
-                       enabled - use GcsFaultToleranceOptions.RedisAddress instead";
-            forbidden(v, field, "gcs-ft-redis-address", msg);
-        }
-        if annotated(EXTERNAL_NS_ANNOTATION) {
-            let msg = "cannot set `ray.io/external-storage-namespace` annotation when \
-                       GcsFaultToleranceOptions is enabled - use \
-                       GcsFaultToleranceOptions.ExternalStorageNamespace instead";
-            let field = ann_path(EXTERNAL_NS_ANNOTATION);
-            forbidden(v, field, "gcs-ft-external-storage-namespace", msg);
-        }
-        check_gcs_backend(spec, opts, cfg, v);
+}
+
+/// The operator derives these from GcsFaultToleranceOptions; a user copy would conflict.
+fn check_gcs_ft_owned_settings(spec: &RayClusterSpec, ann: &BTreeMap<String, String>, v: &mut Verdict) {
+    if head_param(spec, "redis-password") {
+        let msg = "cannot set `redis-password` in rayStartParams when GcsFaultToleranceOptions is \
+                   enabled - use GcsFaultToleranceOptions.RedisPassword instead";
+        let field = format!("{HEAD}.rayStartParams[redis-password]");
+        forbidden(v, field, "gcs-ft-redis-password", msg);
     }
-    let username_env = head_env(spec, "REDIS_USERNAME").map(|(f, _)| f);
-    if param("redis-username") || username_env.is_some() {
-        let msg = "cannot set redis username in rayStartParams or environment variables - use \
-                   GcsFaultToleranceOptions.RedisUsername instead";
-        let field = username_env.unwrap_or_else(|| format!("{HEAD}.rayStartParams[redis-username]"));
-        forbidden(v, field, "gcs-ft-redis-username", msg);
+    if let Some((field, _)) = head_env(spec, "REDIS_PASSWORD") {
+        let msg = "cannot set `REDIS_PASSWORD` env var in head Pod when GcsFaultToleranceOptions is \
+                   enabled - use GcsFaultToleranceOptions.RedisPassword instead";
+        forbidden(v, field, "gcs-ft-redis-password", msg);
+    }
+    if let Some((field, _)) = head_env(spec, "RAY_REDIS_ADDRESS") {
+        let msg = "cannot set `RAY_REDIS_ADDRESS` env var in head Pod when GcsFaultToleranceOptions is \
+                   enabled - use GcsFaultToleranceOptions.RedisAddress instead";
+        forbidden(v, field, "gcs-ft-redis-address", msg);
+    }
+    if annotated(ann, EXTERNAL_NS_ANNOTATION) {
+        let msg = "cannot set `ray.io/external-storage-namespace` annotation when \
+                   GcsFaultToleranceOptions is enabled - use \
+                   GcsFaultToleranceOptions.ExternalStorageNamespace instead";
+        forbidden(
+            v,
+            annotation_path(EXTERNAL_NS_ANNOTATION),
+            "gcs-ft-external-storage-namespace",
+            msg,
+        );
     }
 }
 
