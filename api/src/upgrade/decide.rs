@@ -4,6 +4,8 @@
 //! the [`StepDecision`]: one Serve `target_capacity` PUT at most, the route from the status, the events,
 //! the status write.
 
+use std::borrow::Cow;
+
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -170,17 +172,8 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
         set_progressing(&mut d.status, None, s, now);
         return d;
     };
-    let paused_by_check;
-    let s = if slo_gate::judge(&mut d, &seen.slo, s, now) {
-        d.pause = true;
-        paused_by_check = Settings {
-            control: Control::Pause,
-            ..s.clone()
-        };
-        &paused_by_check
-    } else {
-        s
-    };
+    let judged = judge_slo_checks(&mut d, seen, s, now);
+    let s = judged.as_ref();
     let observed = steer(&mut d, seen, pending, s, now);
     if restore_capacity(
         &mut d,
@@ -208,14 +201,36 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
     if !act(&mut d, &sides, action, &pacing, s, now) {
         return d;
     }
-    expect_completion(&mut d, &observed, s, &pacing);
+    acted(&mut d, &observed, s, &pacing, now);
+    d
+}
+
+/// The settings this pass decides with: paused when an SLO check just reached its limit with `Pause`.
+fn judge_slo_checks<'s>(
+    d: &mut StepDecision,
+    seen: &Observation,
+    s: &'s Settings,
+    now: Timestamp,
+) -> Cow<'s, Settings> {
+    if !slo_gate::judge(d, &seen.slo, s, now) {
+        return Cow::Borrowed(s);
+    }
+    d.pause = true;
+    Cow::Owned(Settings {
+        control: Control::Pause,
+        ..s.clone()
+    })
+}
+
+/// After an action was taken: the expected completion, progress, and a wake to observe its effect.
+fn acted(d: &mut StepDecision, observed: &Observed, s: &Settings, pacing: &UpgradeOptions, now: Timestamp) {
+    expect_completion(d, observed, s, pacing);
     if d.status.pending_service_status.is_some() {
         d.status.progress.last_progress_time = Some(now);
     }
     set_progressing(&mut d.status, None, s, now);
     // Act again at once: the next decision needs fresh observations.
     d.wake = Some(now + SignedDuration::from_millis(20));
-    d
 }
 
 /// Carries out `action`; `false` when the pass stops there: it waits, or a cluster's Serve cannot take the
