@@ -715,20 +715,12 @@ fn cluster_facts(s: &Seen) -> ClusterFacts {
     }
 }
 
-/// Head health from the RayCluster status and the head Pod's Ray container, found by name (a Pod stays
-/// Running while a sidecar lives, so the Pod phase says nothing about Ray).
+/// Head health from the RayCluster status and the head Pod's Ray container.
 async fn head_health(ctx: &Context, ns: &str, cluster: &RayCluster) -> Result<(bool, String, Option<Pod>)> {
-    let name = cluster.name_any();
-    let conditions = cluster.status.as_ref().and_then(|s| s.conditions.as_ref());
-    if let Some(c) = conditions.and_then(|cs| cs.iter().find(|c| c.type_ == "HeadPodReady"))
-        && c.status != "True"
-    {
-        return Ok((
-            false,
-            format!("RayCluster {name}: HeadPodReady is {} ({})", c.status, c.reason),
-            None,
-        ));
+    if let Some(unready) = head_pod_unready(cluster) {
+        return Ok((false, unready, None));
     }
+    let name = cluster.name_any();
     let heads = match &ctx.caches {
         Some(caches) => caches.heads_of(ns, &name).await?,
         None => {
@@ -738,43 +730,52 @@ async fn head_health(ctx: &Context, ns: &str, cluster: &RayCluster) -> Result<(b
             pods.list(&ListParams::default().labels(&selector)).await?.items
         }
     };
-    let [pod] = heads.as_slice() else {
-        return Ok((
+    Ok(judge_head(cluster, &heads))
+}
+
+/// Why the RayCluster's own status says its head is not ready, if it does.
+fn head_pod_unready(cluster: &RayCluster) -> Option<String> {
+    let conditions = cluster.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == "HeadPodReady")?;
+    (c.status != "True").then(|| {
+        let name = cluster.name_any();
+        format!("RayCluster {name}: HeadPodReady is {} ({})", c.status, c.reason)
+    })
+}
+
+/// The one head Pod's Ray container, found by name, must be running and ready (a Pod stays Running while a
+/// sidecar lives, so the Pod phase says nothing about Ray).
+fn judge_head(cluster: &RayCluster, heads: &[Pod]) -> (bool, String, Option<Pod>) {
+    let [pod] = heads else {
+        let name = cluster.name_any();
+        return (
             false,
             format!("RayCluster {name}: {} head Pods", heads.len()),
             None,
-        ));
+        );
     };
     if pod.metadata.deletion_timestamp.is_some() {
-        return Ok((false, format!("head Pod {} is terminating", pod.name_any()), None));
+        return (false, format!("head Pod {} is terminating", pod.name_any()), None);
     }
-    let ray = cluster
-        .spec
-        .head_group_spec
-        .template
+    let template = &cluster.spec.head_group_spec.template;
+    let ray = template
         .ray_container()
         .and_then(|c| c.name())
         .unwrap_or("ray-head");
     let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
     let Some(container) = statuses.and_then(|cs| cs.iter().find(|c| c.name == ray)) else {
-        return Ok((
-            false,
-            format!("head Pod {} has no status for container {ray}", pod.name_any()),
-            Some(pod.clone()),
-        ));
+        let why = format!("head Pod {} has no status for container {ray}", pod.name_any());
+        return (false, why, Some(pod.clone()));
     };
     let running = container.state.as_ref().is_some_and(|s| s.running.is_some());
     if running && container.ready {
-        Ok((true, String::new(), Some(pod.clone())))
+        (true, String::new(), Some(pod.clone()))
     } else {
-        Ok((
-            false,
-            format!(
-                "Ray container {ray} of head Pod {} is not running and ready",
-                pod.name_any()
-            ),
-            Some(pod.clone()),
-        ))
+        let why = format!(
+            "Ray container {ray} of head Pod {} is not running and ready",
+            pod.name_any()
+        );
+        (false, why, Some(pod.clone()))
     }
 }
 
@@ -1381,6 +1382,40 @@ mod tests {
         assert!(timed_out.is_err());
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         assert!(!wrote.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    /// The head is judged by its Ray container, found by the template's name, not by the Pod's phase.
+    #[test]
+    fn a_head_is_healthy_only_with_its_ray_container_running_and_ready() {
+        let cluster: rayshift_api::RayCluster = serde_json::from_value(json!({
+            "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "llm-abcde"},
+            "spec": {"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
+                {"name": "ray-head", "image": "rayproject/ray"}, {"name": "sidecar", "image": "busybox"}]}}}}
+        }))
+        .unwrap();
+        let pod = |ray_ready: bool, deleting: bool| -> k8s_openapi::api::core::v1::Pod {
+            let running = json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}});
+            let mut pod = json!({"metadata": {"name": "llm-abcde-head"}, "status": {"phase": "Running",
+                "containerStatuses": [
+                    {"name": "sidecar", "ready": true, "restartCount": 0, "image": "", "imageID": "", "state": running},
+                    {"name": "ray-head", "ready": ray_ready, "restartCount": 0, "image": "", "imageID": "", "state": running}]}});
+            if deleting {
+                pod["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            serde_json::from_value(pod).unwrap()
+        };
+        let judged = |heads: &[k8s_openapi::api::core::v1::Pod]| {
+            let (healthy, why, _) = super::judge_head(&cluster, heads);
+            (healthy, why)
+        };
+        assert_eq!(judged(&[pod(true, false)]), (true, String::new()));
+        let (healthy, why) = judged(&[pod(false, false)]);
+        assert!(!healthy && why.contains("Ray container ray-head"), "{why}");
+        let (healthy, why) = judged(&[pod(true, true)]);
+        assert!(!healthy && why.contains("terminating"), "{why}");
+        let (healthy, why) = judged(&[pod(true, false), pod(true, false)]);
+        assert!(!healthy && why.contains("2 head Pods"), "{why}");
+        assert!(!judged(&[]).0);
     }
 
     #[test]
