@@ -40,6 +40,29 @@ pub enum Attachment {
     AdoptedRoute { name: String, rule: Option<String> },
 }
 
+/// `[namespace/]name` of a shared Gateway, with the listeners named for HTTP and gRPC.
+fn shared_gateway(
+    gateway: &str,
+    namespace: &str,
+    (listener, grpc_listener): (Option<String>, Option<String>),
+) -> Result<GatewayRef, FieldError> {
+    let (namespace, name) = gateway.split_once('/').unwrap_or((namespace, gateway));
+    if !names::is_dns1123_label(namespace) || !names::is_dns1123_subdomain(name) {
+        return Err(FieldError::invalid(
+            field(GATEWAY_ANNOTATION),
+            gateway,
+            "gateway-reference",
+            "must be a Gateway name, or namespace/name (a lowercase RFC 1123 label, then subdomain)",
+        ));
+    }
+    Ok(GatewayRef {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        listener,
+        grpc_listener,
+    })
+}
+
 impl Attachment {
     /// The annotations' attachment for a RayService in `namespace`, or the first rule they break.
     pub fn from_annotations(
@@ -74,21 +97,8 @@ impl Attachment {
             )),
             (Some(gateway), None) => {
                 requires(HTTP_ROUTE_RULE_ANNOTATION, &rule, HTTP_ROUTE_ANNOTATION)?;
-                let (namespace, name) = gateway.split_once('/').unwrap_or((namespace, &gateway));
-                if !names::is_dns1123_label(namespace) || !names::is_dns1123_subdomain(name) {
-                    return Err(FieldError::invalid(
-                        field(GATEWAY_ANNOTATION),
-                        gateway.as_str(),
-                        "gateway-reference",
-                        "must be a Gateway name, or namespace/name (a lowercase RFC 1123 label, then subdomain)",
-                    ));
-                }
-                Ok(Self::SharedGateway(GatewayRef {
-                    namespace: namespace.to_string(),
-                    name: name.to_string(),
-                    listener,
-                    grpc_listener,
-                }))
+                let listeners = (listener, grpc_listener);
+                shared_gateway(&gateway, namespace, listeners).map(Self::SharedGateway)
             }
             (None, Some(route)) => {
                 requires(GATEWAY_LISTENER_ANNOTATION, &listener, GATEWAY_ANNOTATION)?;

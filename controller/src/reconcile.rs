@@ -985,44 +985,22 @@ async fn apply_cluster_actions(
     seen: &BTreeMap<String, Seen>,
     incremental: bool,
 ) -> Result<()> {
-    let ns = rs.namespace().unwrap_or_default();
+    let w = ClusterWrites {
+        rs,
+        ctx,
+        api,
+        ns: rs.namespace().unwrap_or_default(),
+    };
     for action in &decision.actions {
         match action {
+            // A pending cluster of an incremental upgrade starts from minReplicas, as in KubeRay.
             ClusterAction::Create { name } => {
-                // A pending cluster of an incremental upgrade starts from minReplicas, as in KubeRay.
-                let unset = incremental && decision.active.is_some();
-                let config = rs.spec.serve_config_v2.as_deref().unwrap_or_default();
-                let body = children::ray_cluster(rs, name, None, unset, Some(config));
-                apply_cluster(ctx, api, name, &body).await?;
-                let note = format!("Created RayCluster {ns}/{name}");
-                ctx.event(rs, EventType::Normal, "CreatedRayCluster", "Create", note);
+                w.create(name, incremental && decision.active.is_some()).await?
             }
-            ClusterAction::UpdateSpec { name } => {
-                // Keep the replica counts the autoscaler chose.
-                let keep = seen
-                    .get(name)
-                    .filter(|_| rs.spec.ray_cluster_config.autoscaling_enabled())
-                    .map(|s| current_replicas(&s.cluster));
-                let cluster = seen.get(name).map(|s| &s.cluster);
-                let config = recorded_config(rs, ctx, name, cluster);
-                let body = children::ray_cluster(rs, name, keep.as_ref(), false, config.as_deref());
-                apply_cluster(ctx, api, name, &body).await?;
-                let note = format!("Updated RayCluster {ns}/{name} in place");
-                ctx.event(rs, EventType::Normal, "UpdatedRayCluster", "Update", note);
-            }
+            ClusterAction::UpdateSpec { name } => w.update_spec(name, seen.get(name)).await?,
             ClusterAction::UpdateScale { name } => {
                 let Some(s) = seen.get(name) else { continue };
-                let patch = scale_patch(rs, &s.cluster);
-                ctx.before_write("RayCluster", "patch")?;
-                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                ctx.event(
-                    rs,
-                    EventType::Normal,
-                    "UpdatedRayCluster",
-                    "Update",
-                    format!("Updated worker replicas of RayCluster {ns}/{name} in place"),
-                );
+                w.update_scale(name, s).await?;
             }
             ClusterAction::ScheduleDeletion { name, at } => {
                 let patch = json!({"metadata": {"annotations": {DELETE_AFTER_ANNOTATION: at.to_string()}}});
@@ -1034,6 +1012,55 @@ async fn apply_cluster_actions(
         }
     }
     Ok(())
+}
+
+/// The writes of a pass's cluster actions, each with its Event.
+struct ClusterWrites<'a> {
+    rs: &'a RayService,
+    ctx: &'a Context,
+    api: &'a Api<RayCluster>,
+    ns: String,
+}
+
+impl ClusterWrites<'_> {
+    async fn create(&self, name: &str, unset_replicas: bool) -> Result<()> {
+        let config = self.rs.spec.serve_config_v2.as_deref().unwrap_or_default();
+        let body = children::ray_cluster(self.rs, name, None, unset_replicas, Some(config));
+        apply_cluster(self.ctx, self.api, name, &body).await?;
+        let note = format!("Created RayCluster {}/{name}", self.ns);
+        self.ctx
+            .event(self.rs, EventType::Normal, "CreatedRayCluster", "Create", note);
+        Ok(())
+    }
+
+    async fn update_spec(&self, name: &str, seen: Option<&Seen>) -> Result<()> {
+        // Keep the replica counts the autoscaler chose.
+        let keep = seen
+            .filter(|_| self.rs.spec.ray_cluster_config.autoscaling_enabled())
+            .map(|s| current_replicas(&s.cluster));
+        let config = recorded_config(self.rs, self.ctx, name, seen.map(|s| &s.cluster));
+        let body = children::ray_cluster(self.rs, name, keep.as_ref(), false, config.as_deref());
+        apply_cluster(self.ctx, self.api, name, &body).await?;
+        let note = format!("Updated RayCluster {}/{name} in place", self.ns);
+        self.ctx
+            .event(self.rs, EventType::Normal, "UpdatedRayCluster", "Update", note);
+        Ok(())
+    }
+
+    async fn update_scale(&self, name: &str, seen: &Seen) -> Result<()> {
+        let patch = scale_patch(self.rs, &seen.cluster);
+        self.ctx.before_write("RayCluster", "patch")?;
+        self.api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let note = format!(
+            "Updated worker replicas of RayCluster {}/{name} in place",
+            self.ns
+        );
+        self.ctx
+            .event(self.rs, EventType::Normal, "UpdatedRayCluster", "Update", note);
+        Ok(())
+    }
 }
 
 /// Deletes a cluster rayshift no longer needs, never the one the serve Service still selects.
