@@ -1004,17 +1004,15 @@ async fn apply_cluster_actions(
             }
             ClusterAction::ScheduleDeletion { name, at } => {
                 let patch = json!({"metadata": {"annotations": {DELETE_AFTER_ANNOTATION: at.to_string()}}});
-                ctx.before_write("RayCluster", "patch")?;
-                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
+                w.merge(name, &patch).await?;
             }
-            ClusterAction::Delete { name } => delete_cluster(rs, ctx, api, name).await?,
+            ClusterAction::Delete { name } => w.delete(name).await?,
         }
     }
     Ok(())
 }
 
-/// The writes of a pass's cluster actions, each with its Event.
+/// The writes of a pass's cluster actions, with their Events.
 struct ClusterWrites<'a> {
     rs: &'a RayService,
     ctx: &'a Context,
@@ -1026,7 +1024,7 @@ impl ClusterWrites<'_> {
     async fn create(&self, name: &str, unset_replicas: bool) -> Result<()> {
         let config = self.rs.spec.serve_config_v2.as_deref().unwrap_or_default();
         let body = children::ray_cluster(self.rs, name, None, unset_replicas, Some(config));
-        apply_cluster(self.ctx, self.api, name, &body).await?;
+        self.apply(name, &body).await?;
         let note = format!("Created RayCluster {}/{name}", self.ns);
         self.ctx
             .event(self.rs, EventType::Normal, "CreatedRayCluster", "Create", note);
@@ -1040,7 +1038,7 @@ impl ClusterWrites<'_> {
             .map(|s| current_replicas(&s.cluster));
         let config = recorded_config(self.rs, self.ctx, name, seen.map(|s| &s.cluster));
         let body = children::ray_cluster(self.rs, name, keep.as_ref(), false, config.as_deref());
-        apply_cluster(self.ctx, self.api, name, &body).await?;
+        self.apply(name, &body).await?;
         let note = format!("Updated RayCluster {}/{name} in place", self.ns);
         self.ctx
             .event(self.rs, EventType::Normal, "UpdatedRayCluster", "Update", note);
@@ -1048,11 +1046,7 @@ impl ClusterWrites<'_> {
     }
 
     async fn update_scale(&self, name: &str, seen: &Seen) -> Result<()> {
-        let patch = scale_patch(self.rs, &seen.cluster);
-        self.ctx.before_write("RayCluster", "patch")?;
-        self.api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        self.merge(name, &scale_patch(self.rs, &seen.cluster)).await?;
         let note = format!(
             "Updated worker replicas of RayCluster {}/{name} in place",
             self.ns
@@ -1061,38 +1055,53 @@ impl ClusterWrites<'_> {
             .event(self.rs, EventType::Normal, "UpdatedRayCluster", "Update", note);
         Ok(())
     }
-}
 
-/// Deletes a cluster rayshift no longer needs, never the one the serve Service still selects.
-async fn delete_cluster(rs: &RayService, ctx: &Context, api: &Api<RayCluster>, name: &str) -> Result<()> {
-    let ns = rs.namespace().unwrap_or_default();
-    // Never delete the cluster the Services still select.
-    if serving_cluster(&ctx.client, rs).await?.as_deref() == Some(name) {
-        tracing::warn!(cluster = %name, "not deleting: the serve Service still selects it");
-        return Ok(());
+    /// Server-side apply of a whole RayCluster with rayshift's field manager.
+    async fn apply(&self, name: &str, body: &Value) -> Result<()> {
+        self.ctx.before_write("RayCluster", "apply")?;
+        let params = PatchParams::apply(&self.ctx.options.field_manager).force();
+        self.api.patch(name, &params, &Patch::Apply(body)).await?;
+        Ok(())
     }
-    ctx.before_write("RayCluster", "delete")?;
-    match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => ctx.event(
-            rs,
-            EventType::Normal,
-            "DeletedRayCluster",
-            "Delete",
-            format!("Deleted RayCluster {ns}/{name}"),
-        ),
-        Err(kube::Error::Api(s)) if s.is_not_found() => {}
-        Err(e) => {
-            ctx.event(
-                rs,
-                EventType::Warning,
-                "FailedToDeleteRayCluster",
-                "Delete",
-                format!("{ns}/{name}: {e}"),
-            );
-            return Err(e.into());
+
+    async fn merge(&self, name: &str, patch: &Value) -> Result<()> {
+        self.ctx.before_write("RayCluster", "patch")?;
+        self.api
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes a cluster rayshift no longer needs, never the one the serve Service still selects.
+    async fn delete(&self, name: &str) -> Result<()> {
+        let (rs, ctx, ns) = (self.rs, self.ctx, &self.ns);
+        if serving_cluster(&ctx.client, rs).await?.as_deref() == Some(name) {
+            tracing::warn!(cluster = %name, "not deleting: the serve Service still selects it");
+            return Ok(());
         }
+        ctx.before_write("RayCluster", "delete")?;
+        match self.api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => ctx.event(
+                rs,
+                EventType::Normal,
+                "DeletedRayCluster",
+                "Delete",
+                format!("Deleted RayCluster {ns}/{name}"),
+            ),
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => {
+                ctx.event(
+                    rs,
+                    EventType::Warning,
+                    "FailedToDeleteRayCluster",
+                    "Delete",
+                    format!("{ns}/{name}: {e}"),
+                );
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The Serve config recorded on a cluster: what this controller last pushed to it, else its annotation (the
@@ -1108,18 +1117,6 @@ pub(crate) fn recorded_config(
         .pushed_config(&owner, name)
         .map(str::to_string)
         .or_else(|| cluster?.annotations().get(SERVE_CONFIG_ANNOTATION).cloned())
-}
-
-/// Server-side apply of a whole RayCluster with rayshift's field manager.
-async fn apply_cluster(ctx: &Context, api: &Api<RayCluster>, name: &str, body: &Value) -> Result<()> {
-    ctx.before_write("RayCluster", "apply")?;
-    api.patch(
-        name,
-        &PatchParams::apply(&ctx.options.field_manager).force(),
-        &Patch::Apply(body),
-    )
-    .await?;
-    Ok(())
 }
 
 fn current_replicas(cluster: &RayCluster) -> BTreeMap<String, Value> {
