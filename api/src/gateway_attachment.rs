@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::validation::{FieldError, names};
+use crate::validation::{FieldError, names, path::annotation as field};
 
 /// `[namespace/]name` of an existing Gateway that rayshift's route attaches to; rayshift never edits it.
 pub const GATEWAY_ANNOTATION: &str = "rayshift.io/gateway";
@@ -148,10 +148,6 @@ impl Attachment {
         .into_iter()
         .find(|key| annotations.contains_key(*key))
     }
-}
-
-fn field(key: &str) -> String {
-    format!("metadata.annotations[{key}]")
 }
 
 /// Object, listener and rule names share the RFC 1123 subdomain syntax.

@@ -220,4 +220,8 @@ pub(crate) mod path {
     pub fn worker(i: usize) -> String {
         format!("{CLUSTER}.workerGroupSpecs[{i}]")
     }
+
+    pub fn annotation(key: &str) -> String {
+        format!("metadata.annotations[{key}]")
+    }
 }

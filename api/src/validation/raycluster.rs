@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{
     FieldError, ValidationConfig, Verdict, label_value_errors,
-    path::{CLUSTER, HEAD, worker},
+    path::{self, CLUSTER, HEAD, worker},
     qualified_name_errors,
 };
 use crate::raycluster::{PodTemplate, RayClusterSpec, WorkerGroupSpec};
@@ -421,10 +421,6 @@ fn annotated(ann: &BTreeMap<String, String>, key: &str) -> bool {
     ann.get(key).is_some_and(|a| !a.is_empty())
 }
 
-fn annotation_path(key: &str) -> String {
-    format!("metadata.annotations[{key}]")
-}
-
 fn head_param(spec: &RayClusterSpec, key: &str) -> bool {
     let params = spec.head_group_spec.ray_start_params.as_ref();
     params.and_then(|p| p.get(key)).is_some_and(|x| !x.is_empty())
@@ -444,7 +440,7 @@ fn check_legacy_gcs_ft(
         );
         forbidden(
             v,
-            annotation_path(FT_ANNOTATION),
+            path::annotation(FT_ANNOTATION),
             "gcs-ft-annotation-conflict",
             msg,
         );
@@ -485,7 +481,7 @@ fn check_gcs_ft_owned_settings(spec: &RayClusterSpec, ann: &BTreeMap<String, Str
                    GcsFaultToleranceOptions.ExternalStorageNamespace instead";
         forbidden(
             v,
-            annotation_path(EXTERNAL_NS_ANNOTATION),
+            path::annotation(EXTERNAL_NS_ANNOTATION),
             "gcs-ft-external-storage-namespace",
             msg,
         );

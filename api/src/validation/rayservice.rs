@@ -192,7 +192,7 @@ fn metadata(rs: &RayService, annotations: &BTreeMap<String, String>, v: &mut Ver
     }
     if let Some(raw) = upgrade_control::invalid_progress_deadline(annotations) {
         v.error(FieldError::invalid(
-            format!("metadata.annotations[{PROGRESS_DEADLINE_ANNOTATION}]"),
+            path::annotation(PROGRESS_DEADLINE_ANNOTATION),
             raw,
             "progress-deadline",
             "must be a positive whole number of seconds",
@@ -200,7 +200,7 @@ fn metadata(rs: &RayService, annotations: &BTreeMap<String, String>, v: &mut Ver
     }
     if let Some(raw) = upgrade_control::invalid_drain(annotations) {
         v.error(FieldError::invalid(
-            format!("metadata.annotations[{DRAIN_ANNOTATION}]"),
+            path::annotation(DRAIN_ANNOTATION),
             raw,
             "drain-seconds",
             "must be a whole number of seconds, 0 or more",
@@ -210,7 +210,7 @@ fn metadata(rs: &RayService, annotations: &BTreeMap<String, String>, v: &mut Ver
         && let Err(msg) = initializing_timeout(raw)
     {
         v.error(FieldError::invalid(
-            format!("metadata.annotations[{INITIALIZING_TIMEOUT}]"),
+            path::annotation(INITIALIZING_TIMEOUT),
             raw.as_str(),
             "initializing-timeout",
             msg,
@@ -600,7 +600,7 @@ fn resource_aware(
     v: &mut Verdict,
 ) {
     use upgrade_control::{MAX_UNAVAILABLE_ANNOTATION as UNAVAILABLE, RESOURCE_AWARE_ANNOTATION as MODE};
-    let field = |key: &str| format!("metadata.annotations[{key}]");
+    let field = path::annotation;
     if let Some(raw) = upgrade_control::invalid_resource_aware_mode(annotations) {
         let why = "one of always, on-stall (when the pending cluster's Pods cannot be scheduled for lack of a resource) or never";
         v.error(FieldError::invalid(field(MODE), raw, "resource-aware-mode", why));
@@ -656,7 +656,7 @@ fn slo_checks(annotations: &BTreeMap<String, String>, incremental: bool, v: &mut
     let Some(raw) = annotations.get(SLO_CHECKS_ANNOTATION) else {
         return;
     };
-    let field = format!("metadata.annotations[{SLO_CHECKS_ANNOTATION}]");
+    let field = path::annotation(SLO_CHECKS_ANNOTATION);
     match slo::parse(raw) {
         Err(problems) => {
             for p in problems {
@@ -684,7 +684,7 @@ fn gateway_attachment(
     if !incremental {
         if let Some(key) = Attachment::annotated(annotations) {
             v.warn(
-                format!("metadata.annotations[{key}]"),
+                path::annotation(key),
                 "gateway-attachment-unused",
                 "creates no routing: only NewClusterWithIncrementalUpgrade routes through a Gateway; after a \
                  switch from it, a route rayshift routed keeps all the traffic on the active cluster",
@@ -696,7 +696,7 @@ fn gateway_attachment(
     match Attachment::from_annotations(annotations, ns) {
         Err(e) => v.error(e),
         Ok(Attachment::AdoptedRoute { .. }) if grpc_port.is_some() => v.error(FieldError::forbidden(
-            format!("metadata.annotations[{HTTP_ROUTE_ANNOTATION}]"),
+            path::annotation(HTTP_ROUTE_ANNOTATION),
             "grpc-adopted-route",
             "serveConfigV2 serves gRPC (grpc_options), which moves with rayshift's own GRPCRoute: use \
                  rayshift.io/gateway (a shared Gateway) or no annotation instead of an adopted HTTPRoute",
