@@ -645,7 +645,8 @@ async fn apiserver_cpu_per_write_by_kind() {
             .find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == name))
             .unwrap_or_else(|| panic!("no {name} process"))
     };
-    let cpu = || (process(pid_of("kube-apiserver")).2, process(pid_of("etcd")).2);
+    let (apiserver, etcd) = (pid_of("kube-apiserver"), pid_of("etcd"));
+    let cpu = || (process(apiserver).2, process(etcd).2);
     let writes = WriteKinds::new(client, &ns);
     writes.prepare().await;
     // Per kind, per IN_FLIGHT entry: (apiserver, etcd) CPU ms per write, one pair per round.
