@@ -10,8 +10,9 @@
 #   scripts/bench.sh zero-downtime    12 upgrades of real Ray Serve heads through Traefik under load
 #   scripts/bench.sh scale            10, 100 and 1,000 RayServices (1,000 also over 20 namespaces) on the real
 #                                     apiserver, release build: time to Ready, RSS, settled writes, CPU, Serve reads;
-#                                     then what bounds them: the apiserver's time for 50 route writes at once, and
-#                                     its CPU per write of each kind rayshift writes
+#                                     then how many upgrades at once keep every step on time (RAYSHIFT_SCALE_SWEEP,
+#                                     "10 20 30 40" at 1,000), and what bounds them: the apiserver's time for 50
+#                                     route writes at once, and its CPU per write of each kind rayshift writes
 #   scripts/bench.sh fuzz             libFuzzer on the AdmissionReview handlers for RAYSHIFT_FUZZ_SECONDS (600),
 #                                     growing fuzz/corpus/ (then minimised); a crash fails the run
 #
@@ -57,6 +58,14 @@ if [ "$what" = all ] || [ "$what" = scale ]; then
       RAYSHIFT_SCALE_SETTLE_SECONDS=${RAYSHIFT_SCALE_SETTLE_SECONDS:-60} RAYSHIFT_SCALE_REPORT=$report \
       RAYSHIFT_SCALE_UPGRADE_REPORT=$upgrades cargo test --release --locked --test scale_e2e -- --nocapture || true
   done
+  step "how many upgrades at once stay on time: 1,000 RayServices, ${RAYSHIFT_SCALE_SWEEP:=10 20 30 40} upgrades at once"
+  sweep="$CARGO_TARGET_DIR/scale-sweep-upgrades.md"
+  rm -f "$sweep"
+  for started in $RAYSHIFT_SCALE_SWEEP; do
+    RAYSHIFT_SCALE_SERVICES=1000 RAYSHIFT_SCALE_NAMESPACES=1 RAYSHIFT_SCALE_UPGRADES=$started \
+      RAYSHIFT_SCALE_SETTLE_SECONDS=30 RAYSHIFT_SCALE_UPGRADE_REPORT=$sweep \
+      cargo test --release --locked --test scale_e2e -- --nocapture || true
+  done
   step "50 HTTPRoute writes at once on an idle apiserver (what bounds 50 traffic steps due at one instant)"
   cargo test --release --locked --test scale_e2e fifty_route_writes_at_once -- --ignored --nocapture
   step "kube-apiserver CPU per write, by kind, one at a time on an idle apiserver (what bounds time to Ready)"
@@ -68,7 +77,7 @@ if [ "$what" = all ] || [ "$what" = scale ]; then
   echo
   echo "| RayServices | namespaces | upgrades at once | traffic steps | lateness p50 / p99 / max ms | steps ≤ 100 ms late | on the controller's clock: traffic steps | lateness p50 / p99 / max ms | steps ≤ 100 ms late |"
   echo "|---|---|---|---|---|---|---|---|---|"
-  cat "$upgrades"
+  cat "$upgrades" "$sweep"
   step "plot: benchmarks/scale.png (matplotlib $matplotlib_version, in a venv of its own, installed once, cached)"
   plot_venv="${XDG_CACHE_HOME:-$HOME/.cache}/rayshift/plot-matplotlib-$matplotlib_version"
   [ -x "$plot_venv/bin/python" ] || { python3 -m venv "$plot_venv" && "$plot_venv/bin/pip" install -q "matplotlib==$matplotlib_version"; }

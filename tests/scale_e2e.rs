@@ -707,10 +707,13 @@ enum WriteKind {
     RayServiceStatus,
     HttpRoute,
     RayServiceCreate,
+    ServeServiceCreate,
+    RayClusterCreate,
+    HttpRouteMerge,
 }
 
 impl WriteKind {
-    const ALL: [WriteKind; 8] = [
+    const ALL: [WriteKind; 11] = [
         Self::ConfigMap,
         Self::Event,
         Self::ServeService,
@@ -719,6 +722,9 @@ impl WriteKind {
         Self::RayServiceStatus,
         Self::HttpRoute,
         Self::RayServiceCreate,
+        Self::ServeServiceCreate,
+        Self::RayClusterCreate,
+        Self::HttpRouteMerge,
     ];
 
     fn label(self) -> &'static str {
@@ -731,6 +737,9 @@ impl WriteKind {
             Self::RayServiceStatus => "RayService status patch",
             Self::HttpRoute => "HTTPRoute apply (a weight)",
             Self::RayServiceCreate => "RayService create (the user's)",
+            Self::ServeServiceCreate => "Service create (a serve Service)",
+            Self::RayClusterCreate => "RayCluster create",
+            Self::HttpRouteMerge => "HTTPRoute merge patch (a weight)",
         }
     }
 
@@ -796,6 +805,10 @@ impl WriteKind {
                         {"name": format!("{rs}-b-serve-svc"), "port": 8000, "weight": weight}]}]}}),
                 )
             }
+            // New names for the creates, and weights the apply of the same pass did not write.
+            Self::ServeServiceCreate => Self::ServeService.body(ns, pass + 1000, i),
+            Self::RayClusterCreate => Self::RayCluster.body(ns, pass + 1000, i),
+            Self::HttpRouteMerge => Self::HttpRoute.body(ns, pass + WRITE_ROUNDS * IN_FLIGHT.len() + 1, i),
             Self::RayServiceCreate => {
                 let name = format!("user-{unique}");
                 let body = serde_json::to_value(rayservice(&name, true)).unwrap();
@@ -863,6 +876,16 @@ impl WriteKinds {
                 .create(&post, &from(body))
                 .await
                 .map(drop),
+            WriteKind::ServeServiceCreate => self.api::<Service>().create(&post, &from(body)).await.map(drop),
+            WriteKind::RayClusterCreate => self
+                .api::<RayCluster>()
+                .create(&post, &from(body))
+                .await
+                .map(drop),
+            WriteKind::HttpRouteMerge => {
+                let api = self.api::<gateway_api::httproutes::HttpRoute>();
+                api.patch(&name, &merge, &Patch::Merge(body)).await.map(drop)
+            }
             WriteKind::ServeService => self
                 .api::<Service>()
                 .patch(&name, &ssa, &apply(body))
