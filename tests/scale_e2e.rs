@@ -863,56 +863,55 @@ impl WriteKinds {
     }
 
     async fn write(&self, kind: WriteKind, pass: usize, i: usize) {
+        use gateway_api::httproutes::HttpRoute;
         use k8s_openapi::api::core::v1::{ConfigMap, Event, Service};
         let (name, body) = kind.body(&self.ns, pass, i);
-        let apply = |body| Patch::Apply(body);
-        let (post, merge) = (PostParams::default(), PatchParams::default());
-        let ssa = PatchParams::apply("rayshift").force();
         let sent = match kind {
-            WriteKind::ConfigMap => self.api::<ConfigMap>().create(&post, &from(body)).await.map(drop),
-            WriteKind::Event => self.api::<Event>().create(&post, &from(body)).await.map(drop),
-            WriteKind::RayServiceCreate => self
-                .api::<RayService>()
-                .create(&post, &from(body))
-                .await
-                .map(drop),
-            WriteKind::ServeServiceCreate => self.api::<Service>().create(&post, &from(body)).await.map(drop),
-            WriteKind::RayClusterCreate => self
-                .api::<RayCluster>()
-                .create(&post, &from(body))
-                .await
-                .map(drop),
-            WriteKind::HttpRouteMerge => {
-                let api = self.api::<gateway_api::httproutes::HttpRoute>();
-                api.patch(&name, &merge, &Patch::Merge(body)).await.map(drop)
-            }
-            WriteKind::ServeService => self
-                .api::<Service>()
-                .patch(&name, &ssa, &apply(body))
-                .await
-                .map(drop),
-            WriteKind::RayCluster => self
-                .api::<RayCluster>()
-                .patch(&name, &ssa, &apply(body))
-                .await
-                .map(drop),
-            WriteKind::HttpRoute => {
-                let api = self.api::<gateway_api::httproutes::HttpRoute>();
-                api.patch(&name, &ssa, &apply(body)).await.map(drop)
-            }
-            WriteKind::PodLabel => self
-                .api::<Pod>()
-                .patch(&name, &merge, &Patch::Merge(body))
-                .await
-                .map(drop),
+            WriteKind::ConfigMap => self.create::<ConfigMap>(body).await,
+            WriteKind::Event => self.create::<Event>(body).await,
+            WriteKind::RayServiceCreate => self.create::<RayService>(body).await,
+            WriteKind::ServeServiceCreate => self.create::<Service>(body).await,
+            WriteKind::RayClusterCreate => self.create::<RayCluster>(body).await,
+            WriteKind::ServeService => self.patch::<Service>(&name, Patch::Apply(body)).await,
+            WriteKind::RayCluster => self.patch::<RayCluster>(&name, Patch::Apply(body)).await,
+            WriteKind::HttpRoute => self.patch::<HttpRoute>(&name, Patch::Apply(body)).await,
+            WriteKind::HttpRouteMerge => self.patch::<HttpRoute>(&name, Patch::Merge(body)).await,
+            WriteKind::PodLabel => self.patch::<Pod>(&name, Patch::Merge(body)).await,
             WriteKind::RayServiceStatus => {
                 let api = self.api::<RayService>();
-                api.patch_status(&name, &merge, &Patch::Merge(body))
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(body))
                     .await
                     .map(drop)
             }
         };
         sent.unwrap_or_else(|e| panic!("{} {name}: {e}", kind.label()));
+    }
+
+    async fn create<K>(&self, body: serde_json::Value) -> kube::Result<()>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned
+            + serde::Serialize,
+    {
+        let api = self.api::<K>();
+        api.create(&PostParams::default(), &from(body)).await.map(drop)
+    }
+
+    /// A server-side apply with rayshift's field manager, as the controller's, or a plain patch.
+    async fn patch<K>(&self, name: &str, patch: Patch<serde_json::Value>) -> kube::Result<()>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+    {
+        let params = match patch {
+            Patch::Apply(_) => PatchParams::apply("rayshift").force(),
+            _ => PatchParams::default(),
+        };
+        self.api::<K>().patch(name, &params, &patch).await.map(drop)
     }
 }
 
