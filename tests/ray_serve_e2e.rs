@@ -34,7 +34,7 @@ use support::{
     load::{CpuPressure, GrpcLoad, Load, Response},
     observer::Observer,
     prometheus::Prometheus,
-    ray::{Call, RayHeads, replicas_at},
+    ray::{Call, RayHeads, Sample, replicas_at},
     status::{active, pending},
     traefik::{self, RouteWeights, TraefikGateway},
     webhook::WebhookProcess,
@@ -168,6 +168,14 @@ struct Env {
     shape: Shape,
     /// More arguments of the controller (kept for its restart).
     controller_args: Vec<String>,
+    /// The cluster the last phase left, its head still going.
+    leaving: Option<Leaving>,
+}
+
+/// A cluster a phase moved away from, checked once its head has gone (`Env::went_drained`).
+struct Leaving {
+    title: String,
+    cluster: String,
 }
 
 /// How the controller reaches the dashboards.
@@ -215,6 +223,7 @@ impl Env {
             summary: String::new(),
             shape: Shape::default(),
             controller_args,
+            leaving: None,
         }
     }
 
@@ -303,6 +312,44 @@ impl Env {
             self.heads.stopped(cluster)
         })
         .await;
+    }
+
+    /// The last Serve status Ray gave for `cluster`.
+    fn last_view(&self, cluster: &str) -> Option<Sample> {
+        self.heads
+            .samples()
+            .into_iter()
+            .rfind(|s| s.cluster == cluster && s.view.is_some())
+    }
+
+    /// Waits until Ray runs no replica on `cluster` (drained at target capacity 0).
+    async fn runs_no_replica(&self, cluster: &str) {
+        self.eventually(&format!("Ray running no replica on {cluster}"), 60, || async {
+            let sample = self.last_view(cluster)?;
+            (sample.view?.running_replicas() == 0).then_some(())
+        })
+        .await;
+    }
+
+    /// The cluster the previous phase left: once its head has stopped, Ray's last word on it must be no
+    /// running replica (drained before it went).
+    async fn went_drained(&mut self) -> Vec<String> {
+        let Some(Leaving { title, cluster }) = self.leaving.take() else {
+            return Vec::new();
+        };
+        self.head_stopped(&cluster).await;
+        let last = self.last_view(&cluster);
+        if last
+            .as_ref()
+            .and_then(|s| s.view.as_ref())
+            .is_none_or(|v| v.running_replicas() != 0)
+        {
+            return vec![format!(
+                "{title}: {cluster} still ran replicas before its head went: {:?}",
+                last.map(|s| s.view)
+            )];
+        }
+        Vec::new()
     }
 
     async fn traffic_of(&self, cluster: &str) -> i32 {
@@ -807,7 +854,9 @@ impl Env {
         };
         self.settled_on(&end, 240).await;
         let gone = if end == new { old } else { new.as_str() };
-        self.head_stopped(gone).await;
+        // Its head goes after the deletion delay, during the next phase's load (whose checks then cover it),
+        // and `went_drained` checks afterwards that Ray ran no replica on it when it went.
+        self.runs_no_replica(gone).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let to = Instant::now();
         let (ran, responses) = load.stop().await;
@@ -815,23 +864,12 @@ impl Env {
             Some(load) => Some(load.stop().await),
             None => None,
         };
-        let mut problems_before = Vec::new();
+        let mut problems_before = self.went_drained().await;
+        self.leaving = Some(Leaving {
+            title: title.to_string(),
+            cluster: gone.to_string(),
+        });
         let end_version = if end == new { version } else { serving };
-        let last = self
-            .heads
-            .samples()
-            .into_iter()
-            .rfind(|s| s.cluster == gone && s.view.is_some());
-        if last
-            .as_ref()
-            .and_then(|s| s.view.as_ref())
-            .is_none_or(|v| v.running_replicas() != 0)
-        {
-            problems_before.push(format!(
-                "{title}: {gone} still ran replicas before its head went: {:?}",
-                last.map(|s| s.view)
-            ));
-        }
         let phase = Phase {
             title,
             old_cluster: old,
@@ -1011,7 +1049,7 @@ async fn zero_downtime_through_traefik_upgrades_restart_abort_and_rollback() {
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ray-serve-e2e-report.md");
     std::fs::write(&path, &report).unwrap();
     println!("(report written to {})", path.display());
-    conclude(&env, problems, &report);
+    conclude(&mut env, problems, &report).await;
 }
 
 /// `--use-kubernetes-proxy`: the controller reaches the real dashboard through the apiserver's service proxy
@@ -1095,7 +1133,7 @@ async fn grpc_moves_with_http_through_traefik() {
         "# gRPC and HTTP through Traefik, real Ray Serve\n\n{SUMMARY_HEADER}{}{}",
         env.summary, env.report
     );
-    conclude(&env, problems, &report);
+    conclude(&mut env, problems, &report).await;
 }
 
 /// A `rayshift webhook` that has allowed one review and denied one (so its admission series exist).
@@ -1165,7 +1203,8 @@ async fn evaluated_in_prometheus(prometheus: &Prometheus, ns: &str, window: Dura
 }
 
 /// Prints the problems (first: a CI excerpt shows the start of the output), then the report, and fails on any.
-fn conclude(env: &Env, mut problems: Vec<String>, report: &str) {
+async fn conclude(env: &mut Env, mut problems: Vec<String>, report: &str) {
+    problems.extend(env.went_drained().await);
     if !problems.is_empty() {
         // Which server each slow request went to (Traefik's access log): a hung backend or the gateway.
         problems.extend(
@@ -1276,7 +1315,7 @@ async fn slo_checks_pass_a_good_version_and_roll_back_a_failing_one() {
         "# SLO-gated steps, real Ray Serve and a real Prometheus\n\n{SUMMARY_HEADER}{}{}",
         env.summary, env.report
     );
-    conclude(&env, problems, &report);
+    conclude(&mut env, problems, &report).await;
 }
 
 impl Env {
@@ -1407,5 +1446,5 @@ async fn resource_aware_upgrade_on_real_gpu_workers_under_load() {
         "# ResourceAware on real GPU workers\n\n{SUMMARY_HEADER}{}{}",
         env.summary, env.report
     );
-    conclude(&env, problems, &report);
+    conclude(&mut env, problems, &report).await;
 }
