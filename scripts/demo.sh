@@ -173,5 +173,5 @@ echo "  all answers through Traefik: $total, of which v1 $(grep -c '^v1$' "$work
 say "events"
 k get events.events.k8s.io -n demo -o custom-columns=REASON:.reason,NOTE:.note --sort-by=.metadata.creationTimestamp | tail -n 8
 say "metrics (excerpt)"
-curl -s 127.0.0.1:18080/metrics | grep -E '^rayshift_(upgrades_total|traffic_steps_total|rayservice_target_capacity_percent)' | head -n 6
+curl -s 127.0.0.1:18080/metrics | grep -E '^rayshift_(upgrades_total|traffic_steps_total|rayservice_target_capacity_percent)' | awk 'NR <= 6'
 say "done; tearing down"

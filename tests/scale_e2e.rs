@@ -582,9 +582,8 @@ async fn fifty_route_writes_at_once() {
     let apply = |i: usize, weight: i64| {
         let routes = routes.clone();
         async move {
-            let params = PatchParams::apply("rayshift").force();
             routes
-                .patch(&format!("r{i}"), &params, &Patch::Apply(body(i, weight)))
+                .patch(&format!("r{i}"), &as_controller(), &Patch::Apply(body(i, weight)))
                 .await
         }
     };
@@ -908,11 +907,16 @@ impl WriteKinds {
             + serde::de::DeserializeOwned,
     {
         let params = match patch {
-            Patch::Apply(_) => PatchParams::apply("rayshift").force(),
+            Patch::Apply(_) => as_controller(),
             _ => PatchParams::default(),
         };
         self.api::<K>().patch(name, &params, &patch).await.map(drop)
     }
+}
+
+/// A server-side apply as the controller sends it (its default field manager, forced).
+fn as_controller() -> PatchParams {
+    PatchParams::apply("rayshift").force()
 }
 
 fn from<K: serde::de::DeserializeOwned>(body: serde_json::Value) -> K {

@@ -47,7 +47,7 @@ apt_install() {
   local missing=() SUDO=""
   [ "$(id -u)" = 0 ] || SUDO=sudo
   for pkg in "$@"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing ${missing[*]}"
@@ -113,7 +113,7 @@ install() {
     build
     log "built into $BIN"
   fi
-  "$BIN/kube-apiserver" --version | grep -q "v$KUBE_VERSION" || die "kube-apiserver does not report v$KUBE_VERSION"
+  "$BIN/kube-apiserver" --version | grep "v$KUBE_VERSION" >/dev/null || die "kube-apiserver does not report v$KUBE_VERSION"
 }
 
 # N distinct free loopback ports, below the kernel's ephemeral range: a port from bind(0) is in that range, where

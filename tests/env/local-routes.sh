@@ -63,7 +63,7 @@ check() {
   command -v ip >/dev/null || die "'ip' (iproute2) is not installed, so no local route can be checked"
   local r missing=()
   for r in "${RANGES[@]}"; do
-    ip route show exact "$r" type unreachable | grep -q . || missing+=("$r")
+    ip route show exact "$r" type unreachable | grep . >/dev/null || missing+=("$r")
   done
   if [ ${#missing[@]} -gt 0 ]; then
     echo "local-routes: NO LOCAL ROUTE for ${missing[*]}: traffic to a gone test host would leave this machine." >&2

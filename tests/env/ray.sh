@@ -150,7 +150,7 @@ stop() {
   # moment, and while it does the head's /24 still routes to it. Once the host end is gone, its address fails
   # locally at once (local-routes.sh).
   local ns_if
-  ns_if=$($SUDO ip netns exec "$name" ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | head -n1)
+  ns_if=$($SUDO ip netns exec "$name" ip -o link show type veth 2>/dev/null | awk -F': ' 'NR == 1 {print $2}' | cut -d@ -f1)
   [ -n "$ns_if" ] && $SUDO ip link del "${ns_if%n}h" 2>/dev/null || true
   $SUDO ip netns del "$name" 2>/dev/null || true
   if [ -n "${RAYSHIFT_KEEP_RAY_LOGS:-}" ]; then

@@ -25,7 +25,8 @@ SUDO=""
 
 log() { echo "traefik: $*" >&2; }
 
-installed() { [ -x "$BIN" ] && "$BIN" version 2>/dev/null | grep -q "Version: *$TRAEFIK_VERSION\$"; }
+# grep reads all of the output (no -q): under pipefail, a writer cut off by an early exit fails with SIGPIPE.
+installed() { [ -x "$BIN" ] && "$BIN" version 2>/dev/null | grep "Version: *$TRAEFIK_VERSION\$" >/dev/null; }
 
 install() {
   mkdir -p "$CACHE"
@@ -67,7 +68,7 @@ start() {
       watchdog "$RAYSHIFT_OWNER_PID" "$SELF" "$dir" </dev/null >/dev/null 2>&1 &
   fi
   for _ in $(seq 100); do
-    if ss -Hltn "src $address and sport = :80" | grep -q .; then
+    if ss -Hltn "src $address and sport = :80" | grep . >/dev/null; then
       return
     fi
     kill -0 "$(cat "$dir/traefik.pid")" 2>/dev/null || break
