@@ -1128,6 +1128,8 @@ async fn grpc_moves_with_http_through_traefik() {
     if !server_errors.is_empty() {
         problems.push(format!("Traefik answered 5xx, by backend: {server_errors:?}"));
     }
+    // The upgrade ends (promotion, its duration observed) after the phase's load: wait for the old cluster to go.
+    problems.extend(env.went_drained().await);
     problems.extend(evaluated_in_prometheus(&prometheus, &env.ns, began.elapsed()).await);
     let report = format!(
         "# gRPC and HTTP through Traefik, real Ray Serve\n\n{SUMMARY_HEADER}{}{}",
@@ -1170,10 +1172,16 @@ async fn evaluated_in_prometheus(prometheus: &Prometheus, ns: &str, window: Dura
     let seconds = window.as_secs() + 5;
     let mut problems = Vec::new();
     let queries = support::prometheus::dashboard_queries();
+    // A series born at the upgrade's end (its duration) has a `rate` only from its second scrape on.
+    let deadline = Instant::now() + Duration::from_secs(15);
     for query in &queries {
         let expr = promql(&query.replace("$namespace", ns).replace("$rayservice", "llm"));
-        if prometheus.query_range(&expr, seconds).await.is_empty() {
-            problems.push(format!("dashboard query returned no data in Prometheus: {expr}"));
+        while prometheus.query_range(&expr, seconds).await.is_empty() {
+            if Instant::now() > deadline {
+                problems.push(format!("dashboard query returned no data in Prometheus: {expr}"));
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
     let rules = prometheus.rules().await;
