@@ -31,9 +31,8 @@ bash tests/env/local-routes.sh check
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 log="$logs/all"
-# One test binary at a time. Two lanes of end-to-end binaries side by side took 529 s for what they ran, but
-# the pacing tests assert step lateness and failed beside the other lane (BENCHMARKS.md "CI wall time"). Each test process
-# still draws its ports from RAYSHIFT_TEST_PORTS (FIRST-END) when set, to run binaries side by side by hand.
+# One test binary at a time: the pacing tests assert step lateness, and failed when two lanes of end-to-end
+# binaries ran side by side (BENCHMARKS.md "CI wall time").
 began=$SECONDS
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee -a "$log" || touch "$logs/failed"
 echo "cargo test (build and run) took $((SECONDS - began))s"

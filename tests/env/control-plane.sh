@@ -118,18 +118,13 @@ install() {
 
 # N distinct free loopback ports, below the kernel's ephemeral range: a port from bind(0) is in that range, where
 # any outgoing connection on this machine may take it before our server binds it (CI saw kube-apiserver fail so).
-# RAYSHIFT_TEST_PORTS=FIRST-END narrows it to a test lane's own range (scripts/test.sh runs lanes side by side).
 free_ports() {
   python3 - "$1" <<'PY'
-import os, random, socket, sys
+import random, socket, sys
 low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-first, end = max(1024, low - 12000), low
-given = os.environ.get("RAYSHIFT_TEST_PORTS", "").split("-")
-if len(given) == 2 and all(g.isdigit() for g in given) and int(given[0]) < int(given[1]):
-    first, end = int(given[0]), int(given[1])
 ports = []
 while len(ports) < int(sys.argv[1]):
-    port = random.randrange(first, end)
+    port = random.randrange(max(1024, low - 12000), low)
     s = socket.socket()
     try:
         s.bind(("127.0.0.1", port))

@@ -48,10 +48,14 @@ pub fn generate_certs(dir: &Path, reuse_ca: bool) {
 /// machine may take it before the server binds it (as tests/env/control-plane.sh does, for the same reason).
 pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    let (first, end) = port_range();
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let first = low.saturating_sub(12000).max(1024);
     let random = std::hash::RandomState::new();
     for draw in 0u32.. {
-        let port = first + (random.hash_one(draw) % u64::from(end - first)) as u16;
+        let port = first + (random.hash_one(draw) % u64::from(low - first)) as u16;
         let mut seen = HANDED_OUT.lock().unwrap();
         if !seen.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             seen.push(port);
@@ -59,24 +63,6 @@ pub fn free_port() -> u16 {
         }
     }
     unreachable!("u32 draws are enough to find one free port")
-}
-
-/// The ports this test binary draws from: `RAYSHIFT_TEST_PORTS` (`FIRST-END`, end excluded) when test binaries
-/// run side by side (scripts/test.sh gives each lane a range of its own, so one cannot take a port another has
-/// drawn but not bound yet), else the 12,000 ports below the kernel's ephemeral range.
-fn port_range() -> (u16, u16) {
-    let given = std::env::var("RAYSHIFT_TEST_PORTS").ok().and_then(|r| {
-        let (first, end) = r.split_once('-')?;
-        Some((first.parse().ok()?, end.parse().ok()?))
-    });
-    if let Some((first, end)) = given.filter(|(first, end)| first < end) {
-        return (first, end);
-    }
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    (low.saturating_sub(12000).max(1024), low)
 }
 
 /// A running webhook process; killed on drop.
