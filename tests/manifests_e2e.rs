@@ -11,6 +11,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use rayshift_api::RayService;
 use serde_json::json;
 use support::{
+    autoscaler::GPU_TAINT,
     cluster::{control_plane_with_kuberay, repo},
     controller::ControllerProcess,
     dashboard::FakeDashboard,
@@ -56,6 +57,7 @@ fn kustomization_passes_a_server_side_dry_run() {
         &stdout,
         &[
             "deployment.apps/rayshift",
+            "poddisruptionbudget.policy/rayshift",
             "clusterrole.rbac.authorization.k8s.io/rayshift",
             "validatingwebhookconfiguration.admissionregistration.k8s.io/rayshift-validating",
             "configmap/rayshift-grafana-dashboard",
@@ -385,10 +387,102 @@ fn helm_chart_renders_what_kustomize_installs() {
         &applied,
         &[
             "deployment.apps/rayshift",
+            "poddisruptionbudget.policy/rayshift",
             "secret/rayshift-webhook-tls",
             "configmap/rayshift-grafana-dashboard",
         ],
     );
+}
+
+/// The release's own kwok node: its Pods land there and nowhere else, so the test can cordon it.
+const HELM_NODE: &str = "rayshift-helm-node";
+
+/// A node drain, as `kubectl drain` makes it: the node cordoned, then its Pods evicted through the Eviction API.
+/// The release's disruption budget lets one replica go and refuses the other, since the first one's replacement
+/// cannot be scheduled (kwok would make it Ready within milliseconds on a schedulable node, and the budget would
+/// rightly allow the next eviction). Then the node is uncordoned and the replacement runs.
+async fn one_replica_at_a_time_is_evicted(
+    cp: &support::cluster::ControlPlane,
+    client: &kube::Client,
+    ns: &str,
+) {
+    use k8s_openapi::api::{
+        core::v1::{Node, Pod},
+        policy::v1::PodDisruptionBudget,
+    };
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = budgets
+            .get("rayshift-helm")
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        if status.current_healthy == 2 && status.disruptions_allowed == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the budget never allowed one disruption: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let cordon = |unschedulable: bool| {
+        let patch = json!({"spec": {"unschedulable": unschedulable}});
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .patch(HELM_NODE, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    cordon(true).await;
+    // The refused eviction's 429 must reach the test, not be retried by the client.
+    let pods: Api<Pod> = Api::namespaced(cp.client_without_retries().await, ns);
+    let selector = kube::api::ListParams::default().labels("app.kubernetes.io/name=rayshift-helm");
+    let names: Vec<String> = pods
+        .list(&selector)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let evict = kube::api::EvictParams::default();
+    pods.evict(&names[0], &evict).await.expect("one replica may go");
+    let second = pods.evict(&names[1], &evict).await;
+    // What kept the budget at 0: the replacement could not be scheduled on the cordoned node.
+    let unschedulable = |p: &Pod| {
+        let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+        conditions
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pods
+        .list(&selector)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(unschedulable)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the replacement was never found unschedulable"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cordon(false).await;
+    match second {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 429, "{e:?}"),
+        other => panic!("the second replica was evicted too: {other:?}"),
+    }
 }
 
 /// `helm install` on the test control plane (the real scheduler, kwok's node): the release's Deployment
@@ -398,6 +492,9 @@ fn helm_chart_renders_what_kustomize_installs() {
 async fn helm_install_becomes_ready() {
     let cp = control_plane_with_kuberay();
     let ns = "rayshift-helm";
+    let client = cp.client().await;
+    // The GPU tests' node helper, with no GPU: a node of the release's own, tainted for every other Pod.
+    support::autoscaler::gpu_node(&client, HELM_NODE, 0, "10.250.162.0/24").await;
     let out = helm(
         cp,
         &[
@@ -415,6 +512,10 @@ async fn helm_install_becomes_ready() {
             // Reviews nothing the other tests create: no namespace carries this label.
             "--set",
             "webhook.namespaceSelector.matchLabels.rayshift-helm-test=on",
+            "--set-json",
+            &format!(r#"nodeSelector={{"kubernetes.io/hostname":"{HELM_NODE}"}}"#),
+            "--set-json",
+            &format!(r#"tolerations=[{{"key":"{GPU_TAINT}","value":"{HELM_NODE}","effect":"NoSchedule"}}]"#),
         ]
         .iter()
         .chain(&WITHOUT_OPERATORS)
@@ -434,6 +535,7 @@ async fn helm_install_becomes_ready() {
     assert_eq!(available, "2");
     let status = succeeded(&helm(cp, &["status", "rayshift", "-n", ns]), "helm status");
     assert!(status.contains("STATUS: deployed"), "{status}");
+    one_replica_at_a_time_is_evicted(cp, &client, ns).await;
 
     let secret = |key: &str| {
         use base64::Engine;

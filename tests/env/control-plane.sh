@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane for rayshift's tests: etcd + kube-apiserver + kube-controller-manager
-# (garbage collector, namespace, endpoints, EndpointSlice, Deployment and ReplicaSet controllers), plus kube-scheduler and kubectl of the
-# same release, all built from their published Go modules.
+# (garbage collector, namespace, endpoints, EndpointSlice, Deployment, ReplicaSet and disruption controllers), plus
+# kube-scheduler and kubectl of the same release, all built from their published Go modules.
 #
 #   control-plane.sh install        build the binaries once into the cache (idempotent, flock)
 #   control-plane.sh start DIR      start etcd, kube-apiserver and kube-controller-manager on random loopback
@@ -216,7 +216,7 @@ start() {
     die "kube-apiserver did not become ready"
   fi
   $NICE "$BIN/kube-controller-manager" --kubeconfig="$dir/kubeconfig" \
-    --controllers=garbage-collector-controller,namespace-controller,endpoints-controller,endpointslice-controller,endpointslice-mirroring-controller,deployment-controller,replicaset-controller \
+    --controllers=garbage-collector-controller,namespace-controller,endpoints-controller,endpointslice-controller,endpointslice-mirroring-controller,deployment-controller,replicaset-controller,disruption-controller \
     --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 >"$dir/controller-manager.log" 2>&1 &
   echo $! >>"$dir/pids"
   echo "$url" >"$dir/server"

@@ -360,6 +360,17 @@ impl ControlPlane {
         Client::try_from(config).unwrap()
     }
 
+    /// A client that hands the apiserver's 429s to its caller: kube's default client retries them, with backoff,
+    /// for minutes (an eviction a disruption budget refuses answers 429).
+    pub async fn client_without_retries(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        config.default_retry = false;
+        Client::try_from(config).unwrap()
+    }
+
     /// A fresh namespace for one test.
     pub async fn namespace(&self, client: &Client, prefix: &str) -> String {
         let api: Api<Namespace> = Api::all(client.clone());
