@@ -291,6 +291,42 @@ fn chart() -> String {
     repo().join("charts/rayshift").to_string_lossy().into_owned()
 }
 
+/// The Pod values of a production install: labels and annotations (the selector's label kept), a priority class,
+/// registry credentials and the ServiceAccount's annotations.
+fn pod_values_reach_the_pods(cp: &support::cluster::ControlPlane) {
+    let values = [
+        r#"podLabels={"team":"ml","app.kubernetes.io/name":"other"}"#,
+        r#"podAnnotations={"example.com/owner":"ml"}"#,
+        r#"imagePullSecrets=[{"name":"regcred"}]"#,
+        r#"priorityClassName="system-cluster-critical""#,
+        r#"serviceAccount={"annotations":{"example.com/role":"rayshift"}}"#,
+    ];
+    let chart = chart();
+    let mut args = vec!["template", "r", chart.as_str(), "-n", "x"];
+    for v in &values {
+        args.extend(["--set-json", v]);
+    }
+    let rendered = objects(&succeeded(&helm(cp, &args), "helm template with Pod values"));
+    let key = |kind: &str| (kind.to_string(), "rayshift".to_string());
+    let deployment = &rendered[&key("Deployment")]["spec"];
+    let pod = &deployment["template"];
+    assert_eq!(
+        pod["metadata"]["labels"],
+        json!({"app.kubernetes.io/name": "rayshift", "team": "ml"})
+    );
+    assert_eq!(
+        deployment["selector"]["matchLabels"],
+        json!({"app.kubernetes.io/name": "rayshift"})
+    );
+    assert_eq!(pod["metadata"]["annotations"], json!({"example.com/owner": "ml"}));
+    assert_eq!(pod["spec"]["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod["spec"]["imagePullSecrets"], json!([{"name": "regcred"}]));
+    assert_eq!(
+        rendered[&key("ServiceAccount")]["metadata"]["annotations"],
+        json!({"example.com/role": "rayshift"})
+    );
+}
+
 /// The chart's defaults render exactly what the kustomize production install applies (but the Namespace,
 /// which `helm install --create-namespace` makes); its values switch modes and certificates.
 #[test]
@@ -335,6 +371,7 @@ fn helm_chart_renders_what_kustomize_installs() {
             .to_string()
             .contains("\"--mode=reconcile\"")
     );
+    pod_values_reach_the_pods(cp);
     let bad = helm(cp, &["template", "r", &chart(), "--set", "mode=everything"]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("mode must be webhook, observe or reconcile"));
 
