@@ -16,6 +16,7 @@ use support::{
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     traefik::{self, TraefikGateway},
+    wait::eventually,
 };
 
 /// rayshift-system, created once for both tests (two concurrent applies would race to create it).
@@ -448,23 +449,28 @@ async fn one_replica_at_a_time_is_evicted(
         policy::v1::PodDisruptionBudget,
     };
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let status = budgets
+    let budget = || async {
+        budgets
             .get("rayshift-helm")
             .await
             .unwrap()
             .status
-            .unwrap_or_default();
-        if status.current_healthy == 2 && status.disruptions_allowed == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the budget never allowed one disruption: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+            .unwrap_or_default()
+    };
+    let every = Duration::from_millis(250);
+    let allows_one = || async {
+        let status = budget().await;
+        (status.current_healthy == 2 && status.disruptions_allowed == 1).then_some(())
+    };
+    let diagnose = || async { format!("{:?}", budget().await) };
+    eventually(
+        "the budget allowing one disruption",
+        60,
+        every,
+        allows_one,
+        diagnose,
+    )
+    .await;
     let nodes: Api<Node> = Api::all(client.clone());
     let cordon = |unschedulable: bool| {
         let patch = json!({"spec": {"unschedulable": unschedulable}});
@@ -500,21 +506,12 @@ async fn one_replica_at_a_time_is_evicted(
             .flatten()
             .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !pods
-        .list(&selector)
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .any(unschedulable)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the replacement was never found unschedulable"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let found = || async {
+        let items = pods.list(&selector).await.unwrap().items;
+        items.iter().any(unschedulable).then_some(())
+    };
+    let diagnose = || async { String::new() };
+    eventually("the replacement found unschedulable", 30, every, found, diagnose).await;
     cordon(false).await;
     match second {
         Err(kube::Error::Api(e)) => assert_eq!(e.code, 429, "{e:?}"),

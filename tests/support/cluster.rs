@@ -351,22 +351,22 @@ impl ControlPlane {
             .expect("run kubectl")
     }
 
+    async fn config(&self) -> Config {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap()
+    }
+
     /// A kube-rs client for this control plane.
     pub async fn client(&self) -> Client {
-        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).unwrap();
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .unwrap();
-        Client::try_from(config).unwrap()
+        Client::try_from(self.config().await).unwrap()
     }
 
     /// A client that hands the apiserver's 429s to its caller: kube's default client retries them, with backoff,
     /// for minutes (an eviction a disruption budget refuses answers 429).
     pub async fn client_without_retries(&self) -> Client {
-        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).unwrap();
-        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .unwrap();
+        let mut config = self.config().await;
         config.default_retry = false;
         Client::try_from(config).unwrap()
     }
