@@ -43,7 +43,7 @@ step "no control-plane, webhook, controller, Ray or Traefik process left behind"
 cache_bin=$(bash tests/env/control-plane.sh bin)
 kuberay_bin=$(bash tests/env/kuberay.sh bin)
 for _ in $(seq 30); do
-  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager|kube-scheduler)|$kuberay_bin/(ray-operator|kwok)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller)|$ray_venv/|$traefik_bin " || true)
+  left=$(pgrep -f "$cache_bin/(etcd|kube-apiserver|kube-controller-manager|kube-scheduler)|$kuberay_bin/(ray-operator|kwok)|/etcd --data-dir .*/rayshift-cp-|rayshift (webhook|controller|run) |$ray_venv/|$traefik_bin " || true)
   netns=$(ip netns list 2>/dev/null | grep -o '^rayshift-[0-9-]*' || true)
   [ -z "$left$netns" ] && break
   sleep 1

@@ -1,6 +1,7 @@
 //! The shipped manifests on a real apiserver: a server-side dry run of the kustomization, and the
 //! controller running under exactly the ClusterRole it ships (the apiserver authorizes with RBAC): a full
-//! incremental upgrade and a cluster deletion without a single 403.
+//! incremental upgrade and a cluster deletion without a single 403; the same from the container image's static
+//! binary, run as the Deployment runs it; and the Helm chart.
 
 mod support;
 
@@ -15,19 +16,21 @@ use support::{
     cluster::{control_plane_with_kuberay, repo},
     controller::ControllerProcess,
     dashboard::FakeDashboard,
+    image::{self, ImageRoot},
     traefik::{self, TraefikGateway},
     wait::eventually,
+    webhook::free_port,
 };
 
-/// rayshift-system, created once for both tests (two concurrent applies would race to create it).
+/// rayshift-system and rayshift's RBAC (manifests/deploy), applied once for every test (two concurrent applies
+/// would race to create them).
 fn system_namespace(cp: &support::cluster::ControlPlane) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        cp.kubectl(&[
-            "apply",
-            "-f",
-            &repo().join("manifests/deploy/namespace.yaml").to_string_lossy(),
-        ]);
+        for file in ["namespace.yaml", "rbac.yaml"] {
+            let path = repo().join("manifests/deploy").join(file);
+            cp.kubectl(&["apply", "-f", &path.to_string_lossy()]);
+        }
     });
 }
 
@@ -89,11 +92,6 @@ fn kustomization_passes_a_server_side_dry_run() {
 async fn the_controller_needs_nothing_beyond_its_cluster_role() {
     let cp = control_plane_with_kuberay();
     system_namespace(cp);
-    cp.kubectl(&[
-        "apply",
-        "-f",
-        &repo().join("manifests/deploy/rbac.yaml").to_string_lossy(),
-    ]);
     let restricted = cp.dir.join("kubeconfig-rayshift");
     // RBAC is enforced: rayshift's identity cannot read Secrets.
     let denied = std::process::Command::new(support::cluster::kubectl())
@@ -115,7 +113,168 @@ async fn the_controller_needs_nothing_beyond_its_cluster_role() {
         &dashboard.url_template(),
         &["--feature-gates=RayServiceIncrementalUpgrade=true"],
     );
-    let api: Api<RayService> = Api::namespaced(client.clone(), &ns);
+    upgrade_without_a_403(&client, &ns, &controller).await;
+}
+
+/// The image as manifests/deploy runs it: the static binary alone in a root with distroless/static's files, as
+/// user 65532 on a read-only root, with the Deployment's own arguments and environment, the in-cluster
+/// configuration from the ServiceAccount's mount and the webhook's certificate from its Secret's. The webhook
+/// answers over TLS and the controller runs an upgrade under the shipped RBAC, reaching the dashboard by a name
+/// from /etc/hosts (the static libc's own lookup).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_runs_as_the_deployment_ships_it() {
+    let binary = std::fs::read(image::static_binary()).unwrap();
+    assert!(
+        !image::has_interpreter(&binary),
+        "the image's binary is linked dynamically"
+    );
+    // The check tells them apart: the usual build names its loader.
+    let usual = std::fs::read(support::webhook::rayshift_bin()).unwrap();
+    assert!(image::has_interpreter(&usual));
+    let cp = control_plane_with_kuberay();
+    system_namespace(cp);
+    let client = cp.client().await;
+    assert!(cp.crds_established(&client).await);
+    let ns = cp.namespace(&client, "image").await;
+    let dashboard = FakeDashboard::start().await;
+    let _gateway = TraefikGateway::start(cp, client.clone(), &ns).await;
+    let root = ImageRoot::new("127.0.0.1\tdashboards.rayshift.test\n");
+    mount_pod_volumes(cp, &root);
+    let (webhook_port, metrics_port) = (free_port(), free_port());
+    let template = dashboard
+        .url_template()
+        .replace("127.0.0.1", "dashboards.rayshift.test");
+    let mut args = deployment_args(webhook_port, metrics_port);
+    args.extend([
+        format!("--namespace={ns}"),
+        format!("--dashboard-url-template={template}"),
+        format!("--serve-health-url-template={template}/-/healthz"),
+        "--serve-poll-interval-seconds=0.3".into(),
+    ]);
+    let api_port = cp.server.rsplit(':').next().unwrap().to_string();
+    let env = [
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
+        ("KUBERNETES_SERVICE_PORT", api_port),
+        ("POD_NAME", "rayshift-image".to_string()),
+        ("POD_NAMESPACE", "rayshift-system".to_string()),
+    ];
+    let controller = ControllerProcess::capturing(root.spawn(&args, &env), metrics_port);
+    let ready = eventually(
+        "the image's /readyz",
+        60,
+        Duration::from_millis(200),
+        || async { (controller.readyz() == 200).then_some(()) },
+        || async { controller.logs() },
+    );
+    ready.await;
+    let process = running_as(&format!("--metrics-addr=127.0.0.1:{metrics_port}"));
+    assert_eq!(process.uid, image::NONROOT, "runAsUser");
+    assert!(process.root_read_only, "readOnlyRootFilesystem");
+    webhook_denies_over_tls(&root, webhook_port).await;
+    upgrade_without_a_403(&client, &ns, &controller).await;
+}
+
+/// What the kubelet mounts for the Deployment's Pod: the ServiceAccount (its token, the apiserver's CA, the
+/// namespace) and the webhook's TLS Secret.
+fn mount_pod_volumes(cp: &support::cluster::ControlPlane, root: &ImageRoot) {
+    let kubeconfig = std::fs::read_to_string(cp.dir.join("kubeconfig-rayshift")).unwrap();
+    let token = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .expect("rayshift's token");
+    let account = image::SERVICE_ACCOUNT;
+    root.put(&format!("{account}/token"), token.as_bytes());
+    let ca = std::fs::read(cp.dir.join("certs/apiserver.crt")).unwrap();
+    root.put(&format!("{account}/ca.crt"), &ca);
+    root.put(&format!("{account}/namespace"), b"rayshift-system");
+    let certs = tempfile::tempdir().unwrap();
+    support::webhook::generate_certs(certs.path(), false);
+    for file in ["tls.crt", "tls.key", "ca.crt"] {
+        let content = std::fs::read(certs.path().join(file)).unwrap();
+        root.put(&format!("etc/rayshift/tls/{file}"), &content);
+    }
+}
+
+/// The Deployment's container arguments, on loopback ports of this test and reconciling (the shipped default
+/// only observes).
+fn deployment_args(webhook_port: u16, metrics_port: u16) -> Vec<String> {
+    let yaml = std::fs::read_to_string(repo().join("manifests/deploy/deployment.yaml")).unwrap();
+    let deployment = &objects(&yaml)[&("Deployment".to_string(), "rayshift".to_string())];
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    let user = &deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"];
+    assert_eq!(user.as_u64(), Some(u64::from(image::NONROOT)));
+    let replaced = |arg: &str| match arg.split_once('=') {
+        Some(("--webhook-addr", _)) => format!("--webhook-addr=127.0.0.1:{webhook_port}"),
+        Some(("--metrics-addr", _)) => format!("--metrics-addr=127.0.0.1:{metrics_port}"),
+        Some(("--mode", _)) => "--mode=reconcile".to_string(),
+        _ => arg.to_string(),
+    };
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| replaced(a.as_str().unwrap()))
+        .collect();
+    assert!(args.iter().any(|a| a == "--leader-elect"), "{args:?}");
+    args
+}
+
+struct RunningAs {
+    uid: u32,
+    root_read_only: bool,
+}
+
+/// The image's process (found by one of its arguments): its user and whether its root is mounted read-only.
+fn running_as(argument: &str) -> RunningAs {
+    let pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args[0] == b"/rayshift" && args.contains(&argument.as_bytes())
+        })
+        .expect("the image's rayshift process");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    // mountinfo fields: id, parent, major:minor, root, mount point (seen from the process's root), options.
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let root_read_only = mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 5 && f[4] == "/" && f[5].split(',').any(|o| o == "ro")
+    });
+    RunningAs { uid, root_read_only }
+}
+
+/// A RayService with stepSizePercent 150, reviewed by the image's webhook over TLS: denied, the field named.
+async fn webhook_denies_over_tls(root: &ImageRoot, port: u16) {
+    let ca = std::fs::read(root.path().join("etc/rayshift/tls/ca.crt")).unwrap();
+    let client = support::webhook::client_trusting(&ca);
+    let bad = support::webhook::denied_only_by_rayshift("bad");
+    let review = support::webhook::admission_review("CREATE", Some(&bad), None);
+    let url = format!("https://127.0.0.1:{port}/validate-ray-io-v1-rayservice");
+    let answer: serde_json::Value = client
+        .post(url)
+        .json(&review)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(answer.to_string().contains("stepSizePercent"), "{answer}");
+}
+
+/// An incremental upgrade of a new RayService in `ns` to its end and the old cluster's deletion, run by `controller`,
+/// and not one request of it forbidden.
+async fn upgrade_without_a_403(client: &kube::Client, ns: &str, controller: &ControllerProcess) {
+    let api: Api<RayService> = Api::namespaced(client.clone(), ns);
     let rs: RayService = serde_json::from_value(json!({
         "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "llm"},
         "spec": {
@@ -192,7 +351,7 @@ async fn the_controller_needs_nothing_beyond_its_cluster_role() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The old cluster is deleted (the delete verb), then nothing was ever forbidden.
-    let clusters: Api<rayshift_api::RayCluster> = Api::namespaced(client.clone(), &ns);
+    let clusters: Api<rayshift_api::RayCluster> = Api::namespaced(client.clone(), ns);
     let deadline = Instant::now() + Duration::from_secs(30);
     while clusters.get_opt(&first).await.unwrap().is_some() {
         assert!(

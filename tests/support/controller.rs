@@ -51,7 +51,7 @@ impl ControllerProcess {
         };
         // An empty namespace: every namespace.
         let namespace: &[&str] = if ns.is_empty() { &[] } else { &["--namespace", ns] };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rayshift"))
+        let child = Command::new(env!("CARGO_BIN_EXE_rayshift"))
             .arg("controller")
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -72,10 +72,15 @@ impl ControllerProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start rayshift controller");
+        Self::capturing(child, metrics_port)
+    }
+
+    /// A started controller whose stderr is piped: its lines are kept (and copied to
+    /// RAYSHIFT_TEST_CONTROLLER_LOG_FILE when set, for a benchmark to read after the run).
+    pub fn capturing(mut child: Child, metrics_port: u16) -> Self {
         let logs = Arc::new(Mutex::new(Vec::new()));
         let sink = logs.clone();
         let stderr = child.stderr.take().unwrap();
-        // A copy on disk too, when asked (a benchmark's logs, read after the run).
         let mut copy = std::env::var("RAYSHIFT_TEST_CONTROLLER_LOG_FILE")
             .ok()
             .map(|path| std::fs::File::create(path).expect("create the controller log file"));

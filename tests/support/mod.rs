@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod controller;
 pub mod dashboard;
 pub mod gpu_workers;
+pub mod image;
 pub mod incremental;
 pub mod kuberay;
 pub mod load;

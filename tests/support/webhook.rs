@@ -151,12 +151,7 @@ impl WebhookProcess {
 
     /// An HTTPS client that trusts this webhook's CA and nothing else.
     pub fn client(&self) -> reqwest::Client {
-        reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(&self.ca_pem()).unwrap())
-            .build()
-            .unwrap()
+        client_trusting(&self.ca_pem())
     }
 
     /// The text of /metrics.
@@ -170,6 +165,28 @@ impl Drop for WebhookProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// An HTTPS client that trusts the CA in `ca_pem` and nothing else.
+pub fn client_trusting(ca_pem: &[u8]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// A RayService that only rayshift denies (stepSizePercent over 100; KubeRay's CRD allows it).
+pub fn denied_only_by_rayshift(name: &str) -> Value {
+    json!({
+        "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": name},
+        "spec": {"upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
+                    "gatewayClassName": "g", "maxSurgePercent": 50, "stepSizePercent": 150, "intervalSeconds": 60}},
+                 "serveConfigV2": "applications:\n  - name: a\n    import_path: m:app\n",
+                 "rayClusterConfig": {"enableInTreeAutoscaling": true, "headGroupSpec": {"rayStartParams": {},
+                    "template": {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.46.0"}]}}}}}
+    })
 }
 
 /// The value of one sample line of a Prometheus text exposition, 0 when absent.
@@ -304,15 +321,8 @@ impl AdmissionWebhook {
     async fn wait_until_answering(&self, client: &kube::Client, ns: &str) {
         use kube::api::PostParams;
         let api: kube::Api<rayshift_api::RayService> = kube::Api::namespaced(client.clone(), ns);
-        let probe: rayshift_api::RayService = serde_json::from_value(json!({
-            "apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "probe"},
-            "spec": {"upgradeStrategy": {"type": "NewClusterWithIncrementalUpgrade", "clusterUpgradeOptions": {
-                        "gatewayClassName": "g", "maxSurgePercent": 50, "stepSizePercent": 150, "intervalSeconds": 60}},
-                     "serveConfigV2": "applications:\n  - name: a\n    import_path: m:app\n",
-                     "rayClusterConfig": {"enableInTreeAutoscaling": true, "headGroupSpec": {"rayStartParams": {},
-                        "template": {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.46.0"}]}}}}}
-        }))
-        .unwrap();
+        let probe: rayshift_api::RayService =
+            serde_json::from_value(denied_only_by_rayshift("probe")).unwrap();
         let dry = PostParams {
             dry_run: true,
             ..PostParams::default()
