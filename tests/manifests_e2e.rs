@@ -172,6 +172,41 @@ async fn the_image_runs_as_the_deployment_ships_it() {
     assert!(process.root_read_only, "readOnlyRootFilesystem");
     webhook_denies_over_tls(&root, webhook_port).await;
     upgrade_without_a_403(&client, &ns, &controller).await;
+    stops_on_sigterm_as_pid_1(&client, controller, process.pid).await;
+}
+
+/// In the image rayshift is the container's PID 1, which the kernel shields from every signal it has no handler
+/// for: the kubelet's SIGTERM must stop it within the Pod's grace period (30 s), its Lease released for the
+/// next leader. Not killed by the test's drop: its exit status is the launcher's.
+async fn stops_on_sigterm_as_pid_1(client: &kube::Client, mut controller: ControllerProcess, pid: u32) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "rayshift-system");
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    let lease = leases.get("rayshift-controller").await.unwrap();
+    assert_eq!(holder(lease).as_deref(), Some("rayshift-image"));
+    let in_pid_1 = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        in_pid_1
+            .lines()
+            .any(|l| l.starts_with("NSpid:") && l.ends_with("\t1")),
+        "rayshift is not its namespace's PID 1:\n{in_pid_1}"
+    );
+    assert!(support::signal::process(pid, support::signal::Sig::TERM));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = controller.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 30 s after SIGTERM\n{}",
+            controller.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "{status}\n{}", controller.logs());
+    let lease = leases.get("rayshift-controller").await.unwrap();
+    assert_eq!(holder(lease), None, "the Lease was not released");
 }
 
 /// What the kubelet mounts for the Deployment's Pod: the ServiceAccount (its token, the apiserver's CA, the
@@ -221,6 +256,7 @@ fn deployment_args(webhook_port: u16, metrics_port: u16) -> Vec<String> {
 }
 
 struct RunningAs {
+    pid: u32,
     uid: u32,
     root_read_only: bool,
 }
@@ -248,7 +284,11 @@ fn running_as(argument: &str) -> RunningAs {
         let f: Vec<&str> = l.split_whitespace().collect();
         f.len() > 5 && f[4] == "/" && f[5].split(',').any(|o| o == "ro")
     });
-    RunningAs { uid, root_read_only }
+    RunningAs {
+        pid,
+        uid,
+        root_read_only,
+    }
 }
 
 /// A RayService with stepSizePercent 150, reviewed by the image's webhook over TLS: denied, the field named.
