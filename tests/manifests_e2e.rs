@@ -155,7 +155,7 @@ async fn the_image_runs_as_the_deployment_ships_it() {
     let env = [
         ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
         ("KUBERNETES_SERVICE_PORT", api_port),
-        ("POD_NAME", "rayshift-image".to_string()),
+        ("POD_NAME", POD_NAME.to_string()),
         ("POD_NAMESPACE", "rayshift-system".to_string()),
     ];
     let controller = ControllerProcess::capturing(root.spawn(&args, &env), metrics_port);
@@ -175,6 +175,9 @@ async fn the_image_runs_as_the_deployment_ships_it() {
     stops_on_sigterm_as_pid_1(&client, controller, process.pid).await;
 }
 
+/// The image's Pod name (its downward-API `POD_NAME`), which its leader Lease names as holder.
+const POD_NAME: &str = "rayshift-image";
+
 /// In the image rayshift is the container's PID 1, which the kernel shields from every signal it has no handler
 /// for: the kubelet's SIGTERM must stop it within the Pod's grace period (30 s), its Lease released for the
 /// next leader. Not killed by the test's drop: its exit status is the launcher's.
@@ -183,7 +186,7 @@ async fn stops_on_sigterm_as_pid_1(client: &kube::Client, mut controller: Contro
     let leases: Api<Lease> = Api::namespaced(client.clone(), "rayshift-system");
     let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
     let lease = leases.get("rayshift-controller").await.unwrap();
-    assert_eq!(holder(lease).as_deref(), Some("rayshift-image"));
+    assert_eq!(holder(lease).as_deref(), Some(POD_NAME));
     let in_pid_1 = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     assert!(
         in_pid_1
@@ -192,18 +195,12 @@ async fn stops_on_sigterm_as_pid_1(client: &kube::Client, mut controller: Contro
         "rayshift is not its namespace's PID 1:\n{in_pid_1}"
     );
     assert!(support::signal::process(pid, support::signal::Sig::TERM));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = controller.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 30 s after SIGTERM\n{}",
-            controller.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let ControllerProcess { child, logs, .. } = &mut controller;
+    let child = std::cell::RefCell::new(child);
+    let exited = || async { child.borrow_mut().try_wait().unwrap() };
+    let every = Duration::from_millis(100);
+    let diagnose = || async { logs.lock().unwrap().join("\n") };
+    let status = eventually("its exit within 30 s of SIGTERM", 30, every, exited, diagnose).await;
     assert!(status.success(), "{status}\n{}", controller.logs());
     let lease = leases.get("rayshift-controller").await.unwrap();
     assert_eq!(holder(lease), None, "the Lease was not released");
