@@ -823,3 +823,116 @@ async fn taking_over_from_kuberay_starts_no_upgrade() {
     assert_eq!(names, vec!["llm-kuber".to_string()]);
     assert!(env.events().await.iter().any(|(r, _)| r == "AdoptedRayCluster"));
 }
+
+/// A write the apiserver refuses on its merits (here a ValidatingAdmissionPolicy denies rayshift's head
+/// Service, as a cluster's own policy might) fails every pass the same way: the RayService shows why in one
+/// Warning Event (a series), its retries back off instead of repeating every 5 s, and once the policy is gone a
+/// change of the RayService runs a pass at once and it becomes Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_is_an_event_and_its_retries_back_off() {
+    let env = Env::new("refused").await;
+    let policy = format!("rayshift-test-{}", env.ns);
+    let denial = "llm-head-svc is not allowed in this namespace";
+    env.cp.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: {policy}}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - {{apiGroups: [""], apiVersions: ["v1"], operations: ["CREATE", "UPDATE"], resources: ["services"]}}
+  validations:
+    - {{expression: "object.metadata.name != 'llm-head-svc'", message: "{denial}"}}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: {policy}}}
+spec:
+  policyName: {policy}
+  validationActions: [Deny]
+  matchResources:
+    namespaceSelector:
+      matchLabels: {{kubernetes.io/metadata.name: {ns}}}
+"#,
+            ns = env.ns
+        ),
+    );
+    env.create(rayservice("llm", None, "ray:1")).await;
+    let refusals = || {
+        env.cp
+            .events(&env.ns)
+            .into_iter()
+            .filter(|e| e["reason"] == "ReconcileFailed" && e["type"] == "Warning")
+            .collect::<Vec<_>>()
+    };
+    let first = env
+        .eventually("a ReconcileFailed Event", 90, || async {
+            refusals().into_iter().next()
+        })
+        .await;
+    let note = first["note"].as_str().unwrap_or_default();
+    assert!(note.contains(denial), "the Event says why: {note}");
+    let errors = || {
+        env.controller
+            .metrics()
+            .lines()
+            .filter(|l| l.starts_with("rayshift_reconcile_errors_total{reason=\"kubernetes\"}"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    // Passes woken by the cluster's last changes fail too; count once it has settled.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = errors();
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let retried = errors() - before;
+    // Backing off (5, 10, 20, 40 s ...) fits at most 3 retries in 40 s, and a woken pass; every 5 s would be 8.
+    assert!(
+        (1.0..=4.0).contains(&retried),
+        "{retried} failed passes in 40 s\n{}",
+        support::wait::tail(&env.controller.logs(), 20)
+    );
+    let events = refusals();
+    assert_eq!(events.len(), 1, "one message, one Event: {events:#?}");
+    assert!(
+        events[0]["series"]["count"].as_i64().unwrap_or(1) >= 2,
+        "its repeats are counted in its series: {events:#?}"
+    );
+    let rs = env.get("llm").await;
+    assert_ne!(condition(&rs, "Ready").map(|c| c.0).as_deref(), Some("True"));
+    // What RayshiftRayServiceFailing alerts on.
+    assert_eq!(env.controller.counter_sum("rayshift_rayservices_failing"), 1.0);
+
+    env.cp
+        .kubectl(&["delete", "validatingadmissionpolicybinding", &policy]);
+    env.eventually("the policy no longer denies", 30, || async {
+        let dry_run = env.cp.kubectl_output(&[
+            "create",
+            "service",
+            "clusterip",
+            "llm-head-svc",
+            "--tcp=80",
+            "-n",
+            &env.ns,
+            "--dry-run=server",
+        ]);
+        dry_run.status.success().then_some(())
+    })
+    .await;
+    // A change of the RayService wakes it at once, whatever its backoff.
+    let touch = json!({"metadata": {"annotations": {"example.com/touched": "1"}}});
+    env.rayservices()
+        .patch("llm", &PatchParams::default(), &Patch::Merge(&touch))
+        .await
+        .unwrap();
+    env.ready("llm").await;
+    // The pass that wrote Ready ends just after.
+    env.eventually("rayshift_rayservices_failing 0", 10, || async {
+        (env.controller.counter_sum("rayshift_rayservices_failing") == 0.0).then_some(())
+    })
+    .await;
+    env.cp.kubectl(&["delete", "validatingadmissionpolicy", &policy]);
+}

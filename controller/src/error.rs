@@ -46,6 +46,8 @@ pub enum Error {
     AdoptedRouteMissing { route: String },
     #[error("the HTTPRoute {route} has no rule {}", rule.as_deref().unwrap_or("(it has no rules)"))]
     AdoptedRuleMissing { route: String, rule: Option<String> },
+    #[error("the HTTPRoute {route} changed between the read and the patch of its backendRefs: read again")]
+    RouteChanged { route: String },
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error(
@@ -71,13 +73,56 @@ pub enum Error {
 impl Error {
     /// Someone else wrote the object since this pass read it.
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube(kube::Error::Api(s)) if s.is_conflict())
+        match self {
+            Error::Kube(kube::Error::Api(s)) => s.is_conflict(),
+            Error::RouteChanged { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// A JSON patch of `route` that failed to apply (its `test` of the resourceVersion or rule name failed):
+    /// the apiserver answers 422 with no field causes, where a validation failure names its fields.
+    pub fn from_route_patch(error: kube::Error, route: &str) -> Self {
+        match &error {
+            kube::Error::Api(s)
+                if s.code == 422 && s.details.as_ref().is_none_or(|d| d.causes.is_empty()) =>
+            {
+                Error::RouteChanged {
+                    route: route.to_string(),
+                }
+            }
+            _ => Error::Kube(error),
+        }
+    }
+
+    /// Whether the same pass would fail the same way until someone changes something: the apiserver refused
+    /// the request on its merits (denied by admission or RBAC, invalid), or the spec is one rayshift cannot act
+    /// on. Not a conflict, a timeout or throttling, nor a 404: an object deleted under a pass is gone from the
+    /// next one's reads.
+    pub fn is_persistent(&self) -> bool {
+        match self {
+            Error::Kube(kube::Error::Api(s)) => {
+                (400..500).contains(&s.code) && !matches!(s.code, 404 | 408 | 409 | 429)
+            }
+            Error::ServeConfig(_)
+            | Error::ServeConfigNotAMapping
+            | Error::UnusableUpgradeOptions
+            | Error::GatewayAttachment(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether a person should see it on the RayService (a Warning Event): failures that persist, and passes
+    /// that hung or panicked. Transient failures clear by themselves; they are logged and counted.
+    pub fn is_worth_an_event(&self) -> bool {
+        self.is_persistent() || matches!(self, Error::PassTimedOut { .. } | Error::PassPanicked)
     }
 
     /// A short label for metrics (never the message itself).
     pub fn category(&self) -> &'static str {
         match self {
             e if e.is_conflict() => "conflict",
+            Error::RouteChanged { .. } => "conflict", // never reached: a conflict, above
             Error::Kube(_) | Error::RayServiceCrdMissing(_) => "kubernetes",
             Error::Dashboard { .. } | Error::HttpClient(_) => "dashboard",
             Error::ServeConfig(_) | Error::ServeConfigNotAMapping | Error::UnknownServeConfig { .. } => {
@@ -95,3 +140,49 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> Error {
+        let status = kube::core::Status {
+            code,
+            ..kube::core::Status::failure("denied", "Invalid")
+        };
+        Error::Kube(kube::Error::Api(status.boxed()))
+    }
+
+    #[test]
+    fn refusals_persist_and_hiccups_do_not() {
+        for code in [400, 401, 403, 422] {
+            assert!(api(code).is_persistent(), "{code}");
+            assert!(api(code).is_worth_an_event(), "{code}");
+        }
+        for code in [404, 408, 409, 429, 500, 503] {
+            assert!(!api(code).is_persistent(), "{code}");
+            assert!(!api(code).is_worth_an_event(), "{code}");
+        }
+        assert!(Error::ServeConfigNotAMapping.is_persistent());
+        assert!(!Error::CacheBehind.is_persistent());
+        assert!(!Error::CacheBehind.is_worth_an_event());
+        // kube-apiserver 1.37's answer to a JSON patch whose `test` failed, as it came.
+        let failed_test: kube::core::Status = serde_json::from_str(
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the server rejected our request due to an error in our request","reason":"Invalid","details":{},"code":422}"#,
+        )
+        .unwrap();
+        let changed = Error::from_route_patch(kube::Error::Api(failed_test.boxed()), "llm");
+        assert!(changed.is_conflict() && !changed.is_persistent(), "{changed}");
+        let invalid: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "reason": "Invalid", "code": 422,
+            "message": "HTTPRoute.gateway.networking.k8s.io \"llm\" is invalid: spec.rules[0]: Invalid value",
+            "details": {"causes": [{"reason": "FieldValueInvalid", "field": "spec.rules[0]"}]}
+        }))
+        .unwrap();
+        let invalid = Error::from_route_patch(kube::Error::Api(invalid.boxed()), "llm");
+        assert!(invalid.is_persistent(), "{invalid}");
+        // A hung pass is retried soon, but a person should know it hung.
+        assert!(!Error::PassPanicked.is_persistent());
+        assert!(Error::PassPanicked.is_worth_an_event());
+    }
+}

@@ -291,7 +291,7 @@ impl Publisher {
             },
             action: Some(o.action.clone()),
             reason: Some(o.reason.clone()),
-            note: Some(o.note.clone()),
+            note: Some(within_note_limit(&o.note).to_string()),
             type_: Some(o.type_.as_str().to_string()),
             event_time: Some(MicroTime(now)),
             regarding: Some(regarding.clone()),
@@ -300,6 +300,18 @@ impl Publisher {
             ..K8sEvent::default()
         }
     }
+}
+
+/// The apiserver refuses an Event whose note is over 1 KiB (an error message can be longer): cut at a
+/// character boundary instead of losing the Event.
+const NOTE_LIMIT: usize = 1024;
+
+fn within_note_limit(note: &str) -> &str {
+    let mut end = note.len().min(NOTE_LIMIT);
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    &note[..end]
 }
 
 #[cfg(test)]
@@ -392,6 +404,17 @@ mod tests {
             count: 1,
             last,
         }
+    }
+
+    #[test]
+    fn a_long_note_is_cut_at_a_character_within_the_apiservers_limit() {
+        assert_eq!(within_note_limit("short"), "short");
+        let long = "é".repeat(600);
+        let cut = within_note_limit(&long);
+        assert_eq!(cut.len(), 1024);
+        assert!(long.starts_with(cut));
+        let odd = format!("a{long}");
+        assert_eq!(within_note_limit(&odd).len(), 1023, "never half a character");
     }
 
     #[test]

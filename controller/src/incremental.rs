@@ -554,7 +554,10 @@ async fn patch_adopted_route(
         field_manager: Some(p.ctx.options.field_manager.clone()),
         ..PatchParams::default()
     };
-    routes.patch(name, &params, &Patch::Json::<()>(patch)).await?;
+    routes
+        .patch(name, &params, &Patch::Json::<()>(patch))
+        .await
+        .map_err(|e| Error::from_route_patch(e, name))?;
     Ok(())
 }
 

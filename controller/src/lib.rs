@@ -14,6 +14,7 @@ pub mod leader;
 pub mod metrics;
 mod rayservice_gauges;
 pub mod reconcile;
+pub mod retry;
 pub mod slo;
 pub mod waiting;
 

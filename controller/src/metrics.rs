@@ -96,6 +96,10 @@ impl Metrics {
         self.health.reconcile_errors.with_label_values(&[reason]).inc();
     }
 
+    pub fn set_failing(&self, rayservices: usize) {
+        self.health.failing.set(rayservices as i64);
+    }
+
     pub fn api_write(&self, kind: &str, verb: &str) {
         self.health.api_writes.with_label_values(&[kind, verb]).inc();
     }
@@ -223,6 +227,7 @@ struct Health {
     leader: prometheus::Gauge,
     reconcile_duration: Histogram,
     reconcile_errors: IntCounterVec,
+    failing: prometheus::IntGauge,
     api_writes: IntCounterVec,
     dashboard_latency: HistogramVec,
     dashboard_errors: IntCounterVec,
@@ -248,6 +253,11 @@ impl Health {
                 "Reconcile passes that failed, by reason.",
                 &["reason"],
             )?,
+            failing: r.add(prometheus::IntGauge::new(
+                "rayshift_rayservices_failing",
+                "RayServices whose last reconcile pass failed; they are retried, with backoff when the failure \
+                 persists (a refused write, a spec rayshift cannot act on).",
+            )?)?,
             api_writes: r.counters(
                 "rayshift_kubernetes_writes_total",
                 "Writes the controller sent to the Kubernetes API, by kind and verb.",

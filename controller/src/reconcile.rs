@@ -88,6 +88,9 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     // Inside kube-runtime's span, which names the trigger: what held the reconcile slots, and how long.
     let ms = Timestamp::now().duration_since(started).as_millis();
     tracing::debug!(target: "rayshift::pass", %started, ms, next = ?result.as_ref().ok(), "pass ended");
+    if result.is_ok() {
+        ctx.pass_succeeded(&cached);
+    }
     // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
         ctx.metrics
@@ -1381,8 +1384,19 @@ pub fn error_policy(rs: Arc<RayService>, error: &Error, ctx: Arc<Context>) -> Ac
         tracing::info!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, "write conflict: re-reading");
         return Action::requeue(Duration::from_millis(200));
     }
-    tracing::warn!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    let retry = ctx.pass_failed(&rs, error.is_persistent());
+    tracing::warn!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, ?retry, "reconcile failed");
+    if error.is_worth_an_event() {
+        // The same message again joins its series, so a RayService failing for one reason shows one Event.
+        ctx.event(
+            &rs,
+            EventType::Warning,
+            "ReconcileFailed",
+            "Reconcile",
+            error.to_string(),
+        );
+    }
+    Action::requeue(retry)
 }
 
 #[cfg(test)]
