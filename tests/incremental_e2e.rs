@@ -1152,7 +1152,7 @@ async fn check_dashboard_against(controller_scrape: &str, controller: &Controlle
         "Capacity and traffic per cluster",
         "Upgrade phase",
         "Admission verdicts",
-        "Reconcile errors by reason",
+        "Reconcile errors by reason; RayServices failing",
     ] {
         assert!(
             dashboard["panels"]
