@@ -86,6 +86,10 @@ impl Metrics {
 
     pub fn set_leader(&self, on: bool) {
         self.health.leader.set(if on { 1.0 } else { 0.0 });
+        if !on {
+            // A replica that does not lead runs no passes, so none fail there (its last count would alert).
+            self.health.failing.set(0);
+        }
     }
 
     pub fn reconcile_timer(&self) -> prometheus::HistogramTimer {
@@ -338,5 +342,20 @@ impl Registrar<'_> {
             HistogramOpts::new(name, help).buckets(buckets.to_vec()),
             labels,
         )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_that_stops_leading_counts_no_failing_rayservices() {
+        let metrics = Metrics::register(&Registry::new()).unwrap();
+        metrics.set_leader(true);
+        metrics.set_failing(3);
+        assert_eq!(metrics.health.failing.get(), 3);
+        metrics.set_leader(false);
+        assert_eq!(metrics.health.failing.get(), 0);
     }
 }
