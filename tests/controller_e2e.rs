@@ -936,3 +936,76 @@ spec:
     .await;
     env.cp.kubectl(&["delete", "validatingadmissionpolicy", &policy]);
 }
+
+/// A Serve config the Ray dashboard refuses (400, as Ray 2.60 answers a config its schema or its controller
+/// refuses) is refused again until the spec changes: one `FailedToUpdateServeApplications` Event whose series
+/// counts the repeats, PUTs backing off instead of one every 5 s, and the corrected config pushed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_config_ray_refuses_backs_off_until_the_spec_changes() {
+    let env = Env::with(
+        "refusedcfg",
+        |d| d.new_clusters.lock().unwrap().refuse_puts = true,
+        &[],
+    )
+    .await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    let failures = || {
+        env.cp
+            .events(&env.ns)
+            .into_iter()
+            .filter(|e| e["reason"] == "FailedToUpdateServeApplications")
+            .collect::<Vec<_>>()
+    };
+    let first = env
+        .eventually("a FailedToUpdateServeApplications Event", 90, || async {
+            failures().into_iter().next()
+        })
+        .await;
+    let note = first["note"].as_str().unwrap_or_default();
+    assert!(note.contains("400") && note.contains("ValidationError"), "{note}");
+    let refused = || {
+        env.dashboard
+            .clusters(&env.ns)
+            .iter()
+            .map(|c| env.dashboard.get(&env.ns, c).refused_puts)
+            .sum::<usize>()
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = refused();
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let again = refused() - before;
+    // Backing off (5, 10, 20, 40 s ...) fits at most 3 retries in 40 s, and a woken pass; every 5 s would be 8.
+    assert!(
+        (1..=4).contains(&again),
+        "{again} refused PUTs in 40 s\n{}",
+        support::wait::tail(&env.controller.logs(), 20)
+    );
+    let events = failures();
+    assert_eq!(events.len(), 1, "one message, one Event: {events:#?}");
+    assert!(
+        events[0]["series"]["count"].as_i64().unwrap_or(1) >= 2,
+        "{events:#?}"
+    );
+    let reconcile_failed = env
+        .events()
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "ReconcileFailed")
+        .count();
+    assert_eq!(
+        reconcile_failed, 0,
+        "the refusal has its own Event, not a second one"
+    );
+    assert_eq!(env.controller.counter_sum("rayshift_rayservices_failing"), 1.0);
+
+    // The user corrects the config: the change runs a pass at once, whatever the backoff.
+    for c in env.dashboard.clusters(&env.ns) {
+        env.dashboard.with(&env.ns, &c, |s| s.refuse_puts = false);
+    }
+    let fixed = json!({"spec": {"serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n    deployments:\n      - name: LLM\n        num_replicas: 1\n"}});
+    env.rayservices()
+        .patch("llm", &PatchParams::default(), &Patch::Merge(&fixed))
+        .await
+        .unwrap();
+    env.ready("llm").await;
+}

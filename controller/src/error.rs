@@ -104,6 +104,12 @@ impl Error {
             Error::Kube(kube::Error::Api(s)) => {
                 (400..500).contains(&s.code) && !matches!(s.code, 404 | 408 | 409 | 429)
             }
+            // Ray's dashboard answers 400 only to a Serve config it refuses (its schema, or deploy_apps
+            // rejecting it; Ray 2.60's serve_head.py): the same config is refused again.
+            Error::Dashboard { failure, .. } => matches!(
+                **failure,
+                DashboardFailure::Status { status, .. } if status == reqwest::StatusCode::BAD_REQUEST
+            ),
             Error::ServeConfig(_)
             | Error::ServeConfigNotAMapping
             | Error::UnusableUpgradeOptions
@@ -114,8 +120,13 @@ impl Error {
 
     /// Whether a person should see it on the RayService (a Warning Event): failures that persist, and passes
     /// that hung or panicked. Transient failures clear by themselves; they are logged and counted.
+    /// A refused Serve config has its own Event (`FailedToUpdateServeApplications`, as KubeRay's).
     pub fn is_worth_an_event(&self) -> bool {
-        self.is_persistent() || matches!(self, Error::PassTimedOut { .. } | Error::PassPanicked)
+        match self {
+            Error::Dashboard { .. } => false,
+            Error::PassTimedOut { .. } | Error::PassPanicked => true,
+            _ => self.is_persistent(),
+        }
     }
 
     /// A short label for metrics (never the message itself).
@@ -181,6 +192,15 @@ mod tests {
         .unwrap();
         let invalid = Error::from_route_patch(kube::Error::Api(invalid.boxed()), "llm");
         assert!(invalid.is_persistent(), "{invalid}");
+        let dashboard = |status: u16| Error::Dashboard {
+            url: "http://llm-head-svc:8265/api/serve/applications/".into(),
+            failure: Box::new(DashboardFailure::Status {
+                status: reqwest::StatusCode::from_u16(status).unwrap(),
+                body: "ValidationError".into(),
+            }),
+        };
+        assert!(dashboard(400).is_persistent() && !dashboard(400).is_worth_an_event());
+        assert!(!dashboard(503).is_persistent() && !dashboard(404).is_persistent());
         // A hung pass is retried soon, but a person should know it hung.
         assert!(!Error::PassPanicked.is_persistent());
         assert!(Error::PassPanicked.is_worth_an_event());

@@ -45,6 +45,10 @@ pub struct ClusterState {
     pub put_times: Vec<std::time::Instant>,
     /// How the status GET misbehaves (faulty dashboards: a chaos test turns these).
     pub fault: Option<Fault>,
+    /// Refuse every config PUT with 400 and a pydantic error, as Ray 2.60 answers a config its schema refuses.
+    pub refuse_puts: bool,
+    /// PUTs refused so far.
+    pub refused_puts: usize,
 }
 
 /// A dashboard that answers, but not well.
@@ -262,6 +266,15 @@ async fn put_apps(
             "Input should be less than or equal to 100",
         )
             .into_response();
+    }
+    let refused = d.with(&ns, &cluster, |s| {
+        s.refused_puts += usize::from(s.refuse_puts);
+        s.refuse_puts
+    });
+    if refused {
+        let error = "ValidationError(model='ServeDeploySchema', errors=[{'loc': ('applications', 0, 'import_path'), \
+                     'msg': 'Field required', 'type': 'value_error.missing'}])";
+        return (StatusCode::BAD_REQUEST, error).into_response();
     }
     let ok = d.with(&ns, &cluster, |s| {
         if s.down {
