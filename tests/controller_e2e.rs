@@ -162,6 +162,44 @@ impl Env {
         svc.spec?.selector?.get("ray.io/cluster").cloned()
     }
 
+    /// The first Event of `reason` in the namespace, waited for up to 90 s.
+    async fn first_event(&self, reason: &str) -> Value {
+        self.eventually(&format!("a {reason} Event"), 90, || async {
+            self.cp
+                .events(&self.ns)
+                .into_iter()
+                .find(|e| e["reason"] == reason)
+        })
+        .await
+    }
+
+    /// Asserts that a failure every pass meets again backs off: `count` (its attempts so far) grows by 1–4 over
+    /// 40 s, counted from 5 s after now (passes woken by the cluster's last changes fail too), and it is one
+    /// Event of `reason` whose series counts the repeats.
+    async fn assert_backs_off(&self, attempts: &str, count: impl Fn() -> f64, reason: &str) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let before = count();
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        let grew = count() - before;
+        // Backing off (5, 10, 20, 40 s ...) fits at most 3 retries in 40 s, and a woken pass; every 5 s would be 8.
+        assert!(
+            (1.0..=4.0).contains(&grew),
+            "{grew} {attempts} in 40 s\n{}",
+            support::wait::tail(&self.controller.logs(), 20)
+        );
+        let events: Vec<_> = self
+            .cp
+            .events(&self.ns)
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect();
+        assert_eq!(events.len(), 1, "one message, one Event: {events:#?}");
+        assert!(
+            events[0]["series"]["count"].as_i64().unwrap_or(1) >= 2,
+            "its repeats are counted in its series: {events:#?}"
+        );
+    }
+
     async fn events(&self) -> Vec<(String, String)> {
         self.cp
             .events(&self.ns)
@@ -862,18 +900,8 @@ spec:
         ),
     );
     env.create(rayservice("llm", None, "ray:1")).await;
-    let refusals = || {
-        env.cp
-            .events(&env.ns)
-            .into_iter()
-            .filter(|e| e["reason"] == "ReconcileFailed" && e["type"] == "Warning")
-            .collect::<Vec<_>>()
-    };
-    let first = env
-        .eventually("a ReconcileFailed Event", 90, || async {
-            refusals().into_iter().next()
-        })
-        .await;
+    let first = env.first_event("ReconcileFailed").await;
+    assert_eq!(first["type"], "Warning");
     let note = first["note"].as_str().unwrap_or_default();
     assert!(note.contains(denial), "the Event says why: {note}");
     let errors = || {
@@ -884,23 +912,8 @@ spec:
             .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
             .sum::<f64>()
     };
-    // Passes woken by the cluster's last changes fail too; count once it has settled.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let before = errors();
-    tokio::time::sleep(Duration::from_secs(40)).await;
-    let retried = errors() - before;
-    // Backing off (5, 10, 20, 40 s ...) fits at most 3 retries in 40 s, and a woken pass; every 5 s would be 8.
-    assert!(
-        (1.0..=4.0).contains(&retried),
-        "{retried} failed passes in 40 s\n{}",
-        support::wait::tail(&env.controller.logs(), 20)
-    );
-    let events = refusals();
-    assert_eq!(events.len(), 1, "one message, one Event: {events:#?}");
-    assert!(
-        events[0]["series"]["count"].as_i64().unwrap_or(1) >= 2,
-        "its repeats are counted in its series: {events:#?}"
-    );
+    env.assert_backs_off("failed passes", errors, "ReconcileFailed")
+        .await;
     let rs = env.get("llm").await;
     assert_ne!(condition(&rs, "Ready").map(|c| c.0).as_deref(), Some("True"));
     // What RayshiftRayServiceFailing alerts on.
@@ -949,43 +962,19 @@ async fn a_serve_config_ray_refuses_backs_off_until_the_spec_changes() {
     )
     .await;
     env.create(rayservice("llm", None, "ray:1")).await;
-    let failures = || {
-        env.cp
-            .events(&env.ns)
-            .into_iter()
-            .filter(|e| e["reason"] == "FailedToUpdateServeApplications")
-            .collect::<Vec<_>>()
-    };
-    let first = env
-        .eventually("a FailedToUpdateServeApplications Event", 90, || async {
-            failures().into_iter().next()
-        })
-        .await;
+    let first = env.first_event("FailedToUpdateServeApplications").await;
+    assert_eq!(first["type"], "Warning");
     let note = first["note"].as_str().unwrap_or_default();
     assert!(note.contains("400") && note.contains("ValidationError"), "{note}");
     let refused = || {
         env.dashboard
             .clusters(&env.ns)
             .iter()
-            .map(|c| env.dashboard.get(&env.ns, c).refused_puts)
-            .sum::<usize>()
+            .map(|c| env.dashboard.get(&env.ns, c).refused_puts as f64)
+            .sum::<f64>()
     };
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let before = refused();
-    tokio::time::sleep(Duration::from_secs(40)).await;
-    let again = refused() - before;
-    // Backing off (5, 10, 20, 40 s ...) fits at most 3 retries in 40 s, and a woken pass; every 5 s would be 8.
-    assert!(
-        (1..=4).contains(&again),
-        "{again} refused PUTs in 40 s\n{}",
-        support::wait::tail(&env.controller.logs(), 20)
-    );
-    let events = failures();
-    assert_eq!(events.len(), 1, "one message, one Event: {events:#?}");
-    assert!(
-        events[0]["series"]["count"].as_i64().unwrap_or(1) >= 2,
-        "{events:#?}"
-    );
+    env.assert_backs_off("refused PUTs", refused, "FailedToUpdateServeApplications")
+        .await;
     let reconcile_failed = env
         .events()
         .await
