@@ -136,7 +136,7 @@ pub struct Context {
     /// Evaluates SLO checks; `None` without `--prometheus-url` (checks then never pass).
     pub(crate) prometheus: Option<crate::slo::Prometheus>,
     /// Failed passes in a row per RayService: when each runs again.
-    retries: crate::retry::Retries,
+    pub(crate) retries: crate::retry::Retries,
 }
 
 /// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
@@ -292,6 +292,7 @@ impl Context {
         health: Arc<HealthTimer>,
     ) -> Self {
         Self {
+            retries: crate::retry::Retries::new(metrics.failing_rayservices()),
             events: EventLog::new(client.clone(), "rayshift", std::env::var("POD_NAME").ok()),
             client,
             dashboard,
@@ -307,7 +308,6 @@ impl Context {
             caches: None,
             health,
             prometheus: None,
-            retries: Default::default(),
         }
     }
 
@@ -431,7 +431,6 @@ impl Context {
         self.known_versions().remove(uid);
         self.records().forget_owner(uid);
         self.retries.succeeded(uid);
-        self.metrics.set_failing(self.retries.failing());
         self.events.forget(uid);
     }
 
@@ -448,21 +447,7 @@ impl Context {
             .retain(|uid, _| uids.contains(uid.as_str()));
         self.known_versions().retain(|uid, _| uids.contains(uid.as_str()));
         self.retries.retain(|uid| uids.contains(uid));
-        self.metrics.set_failing(self.retries.failing());
         self.records().retain_owners(|owner| uids.contains(owner));
-    }
-
-    /// Counts a failed pass of `rs`; returns when to run the next one.
-    pub(crate) fn pass_failed(&self, rs: &RayService, persistent: bool) -> Duration {
-        let retry = self.retries.failed(&rs.uid().unwrap_or_default(), persistent);
-        self.metrics.set_failing(self.retries.failing());
-        retry
-    }
-
-    /// A pass of `rs` succeeded: its next failure starts from the first retry.
-    pub(crate) fn pass_succeeded(&self, rs: &RayService) {
-        self.retries.succeeded(&rs.uid().unwrap_or_default());
-        self.metrics.set_failing(self.retries.failing());
     }
 
     /// Queues an Event (the pass does not wait for its write).

@@ -132,8 +132,8 @@ impl Error {
     /// A short label for metrics (never the message itself).
     pub fn category(&self) -> &'static str {
         match self {
+            Error::RouteChanged { .. } => "conflict",
             e if e.is_conflict() => "conflict",
-            Error::RouteChanged { .. } => "conflict", // never reached: a conflict, above
             Error::Kube(_) | Error::RayServiceCrdMissing(_) => "kubernetes",
             Error::Dashboard { .. } | Error::HttpClient(_) => "dashboard",
             Error::ServeConfig(_) | Error::ServeConfigNotAMapping | Error::UnknownServeConfig { .. } => {

@@ -307,6 +307,7 @@ impl Publisher {
 const NOTE_LIMIT: usize = 1024;
 
 fn within_note_limit(note: &str) -> &str {
+    // str::floor_char_boundary would do this, but only from Rust 1.91 (the workspace's MSRV is 1.89).
     let mut end = note.len().min(NOTE_LIMIT);
     while !note.is_char_boundary(end) {
         end -= 1;

@@ -100,8 +100,9 @@ impl Metrics {
         self.health.reconcile_errors.with_label_values(&[reason]).inc();
     }
 
-    pub fn set_failing(&self, rayservices: usize) {
-        self.health.failing.set(rayservices as i64);
+    /// The gauge of RayServices whose last pass failed (kept by `retry::Retries`).
+    pub fn failing_rayservices(&self) -> prometheus::IntGauge {
+        self.health.failing.clone()
     }
 
     pub fn api_write(&self, kind: &str, verb: &str) {
@@ -353,7 +354,7 @@ mod tests {
     fn a_replica_that_stops_leading_counts_no_failing_rayservices() {
         let metrics = Metrics::register(&Registry::new()).unwrap();
         metrics.set_leader(true);
-        metrics.set_failing(3);
+        metrics.failing_rayservices().set(3);
         assert_eq!(metrics.health.failing.get(), 3);
         metrics.set_leader(false);
         assert_eq!(metrics.health.failing.get(), 0);

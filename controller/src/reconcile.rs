@@ -89,7 +89,7 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     let ms = Timestamp::now().duration_since(started).as_millis();
     tracing::debug!(target: "rayshift::pass", %started, ms, next = ?result.as_ref().ok(), "pass ended");
     if result.is_ok() {
-        ctx.pass_succeeded(&cached);
+        ctx.retries.succeeded(&cached.uid().unwrap_or_default());
     }
     // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
@@ -1384,7 +1384,9 @@ pub fn error_policy(rs: Arc<RayService>, error: &Error, ctx: Arc<Context>) -> Ac
         tracing::info!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, "write conflict: re-reading");
         return Action::requeue(Duration::from_millis(200));
     }
-    let retry = ctx.pass_failed(&rs, error.is_persistent());
+    let retry = ctx
+        .retries
+        .failed(&rs.uid().unwrap_or_default(), error.is_persistent());
     tracing::warn!(rayservice = %rs.name_any(), namespace = ?rs.namespace(), %error, ?retry, "reconcile failed");
     if error.is_worth_an_event() {
         // The same message again joins its series, so a RayService failing for one reason shows one Event.

@@ -6,46 +6,52 @@
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
+use prometheus::IntGauge;
+
 /// The retry of a transient failure, and the first of a persistent one.
 pub const FIRST_RETRY: Duration = Duration::from_secs(5);
 
 /// The longest a persistent failure waits (KubeRay's controller-runtime default is 1,000 s).
 pub const MAX_RETRY: Duration = Duration::from_secs(300);
 
-/// Failed passes in a row, per RayService uid.
-#[derive(Default)]
+/// Failed passes in a row, per RayService uid; `failing` always shows how many RayServices that is.
 pub struct Retries {
     failures: Mutex<HashMap<String, u32>>,
+    failing: IntGauge,
 }
 
 impl Retries {
+    pub fn new(failing: IntGauge) -> Self {
+        Self {
+            failures: Mutex::default(),
+            failing,
+        }
+    }
+
     /// Counts a failed pass and says when to run the next one.
     pub fn failed(&self, uid: &str, persistent: bool) -> Duration {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let count = failures.entry(uid.to_string()).or_default();
-        *count = count.saturating_add(1);
-        if persistent { backoff(*count) } else { FIRST_RETRY }
+        self.change(|failures| {
+            let count = failures.entry(uid.to_string()).or_default();
+            *count = count.saturating_add(1);
+            if persistent { backoff(*count) } else { FIRST_RETRY }
+        })
     }
 
     /// A pass succeeded (or the RayService is gone): the next failure starts from the first retry again.
     pub fn succeeded(&self, uid: &str) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(uid);
-    }
-
-    /// RayServices whose last pass failed.
-    pub fn failing(&self) -> usize {
-        self.failures.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.change(|failures| failures.remove(uid));
     }
 
     /// Forgets the RayServices `keep` does not name (gone while the watch was down).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|uid, _| keep(uid));
+        self.change(|failures| failures.retain(|uid, _| keep(uid)));
+    }
+
+    fn change<R>(&self, f: impl FnOnce(&mut HashMap<String, u32>) -> R) -> R {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let result = f(&mut failures);
+        self.failing.set(failures.len() as i64);
+        result
     }
 }
 
@@ -59,24 +65,28 @@ fn backoff(failures: u32) -> Duration {
 mod tests {
     use super::*;
 
+    fn retries() -> Retries {
+        Retries::new(IntGauge::new("rayshift_rayservices_failing", "test").unwrap())
+    }
+
     fn secs(d: Duration) -> u64 {
         d.as_secs()
     }
 
     #[test]
     fn persistent_failures_back_off_to_the_cap_and_a_success_resets_them() {
-        let retries = Retries::default();
+        let retries = retries();
         let waits: Vec<u64> = (0..9).map(|_| secs(retries.failed("a", true))).collect();
         assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
-        assert_eq!(retries.failing(), 1);
+        assert_eq!(retries.failing.get(), 1);
         retries.succeeded("a");
-        assert_eq!(retries.failing(), 0);
+        assert_eq!(retries.failing.get(), 0);
         assert_eq!(secs(retries.failed("a", true)), 5);
     }
 
     #[test]
     fn transient_failures_retry_soon_and_each_rayservice_counts_its_own() {
-        let retries = Retries::default();
+        let retries = retries();
         let transient: Vec<u64> = (0..4).map(|_| secs(retries.failed("a", false))).collect();
         assert_eq!(transient, [5, 5, 5, 5]);
         // Transient failures still count: a persistent one after them waits as the fifth in a row.

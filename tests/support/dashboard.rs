@@ -267,27 +267,25 @@ async fn put_apps(
         )
             .into_response();
     }
-    let refused = d.with(&ns, &cluster, |s| {
-        s.refused_puts += usize::from(s.refuse_puts);
-        s.refuse_puts
-    });
-    if refused {
-        let error = "ValidationError(model='ServeDeploySchema', errors=[{'loc': ('applications', 0, 'import_path'), \
-                     'msg': 'Field required', 'type': 'value_error.missing'}])";
-        return (StatusCode::BAD_REQUEST, error).into_response();
-    }
-    let ok = d.with(&ns, &cluster, |s| {
+    let answer = d.with(&ns, &cluster, |s| {
+        if s.refuse_puts {
+            s.refused_puts += 1;
+            return Err((StatusCode::BAD_REQUEST, REFUSED_CONFIG));
+        }
         if s.down {
-            return false;
+            return Err((StatusCode::SERVICE_UNAVAILABLE, "dashboard down"));
         }
         s.puts.push(config.clone());
         s.put_times.push(std::time::Instant::now());
         s.config = Some(config);
-        true
+        Ok(())
     });
-    if ok {
-        StatusCode::OK.into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "dashboard down").into_response()
+    match answer {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(refused) => refused.into_response(),
     }
 }
+
+/// Ray 2.60's answer to a config its schema refuses (the pydantic error's repr).
+const REFUSED_CONFIG: &str = "ValidationError(model='ServeDeploySchema', errors=[{'loc': ('applications', 0, \
+                              'import_path'), 'msg': 'Field required', 'type': 'value_error.missing'}])";
