@@ -270,6 +270,17 @@ impl Env {
             .unwrap();
     }
 
+    async fn set_serve_config(&self, config: &str) {
+        self.rayservices()
+            .patch(
+                "llm",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": { "serveConfigV2": config } })),
+            )
+            .await
+            .unwrap();
+    }
+
     async fn eventually<T, F, Fut>(&self, what: &str, secs: u64, check: F) -> T
     where
         F: FnMut() -> Fut,
@@ -1067,6 +1078,62 @@ async fn real_dashboard_through_the_apiserver_service_proxy() {
         "the controller used the URL template: {:?}",
         env.heads.answers()
     );
+    refused_config_backs_off(&env, &first).await;
+}
+
+/// A Serve config Ray's schema refuses (a negative replica count: Ray's to judge, rayshift does not model
+/// deployments) reaches the real head and comes back 400 with pydantic's reason. rayshift shows it as KubeRay's
+/// `FailedToUpdateServeApplications` Event and retries it backing off (a refusal is given again), not every 5 s;
+/// Ray keeps serving what it ran; the corrected spec clears the failure.
+async fn refused_config_backs_off(env: &Env, cluster: &str) {
+    let refused =
+        serve_config("v1", &env.shape).replace(&format!("num_replicas: {REPLICAS}"), "num_replicas: -1");
+    assert_ne!(refused, serve_config("v1", &env.shape));
+    env.set_serve_config(&refused).await;
+    let cp = control_plane_beside_ray();
+    let event = env
+        .eventually("a FailedToUpdateServeApplications Event", 60, || async {
+            cp.events(&env.ns)
+                .into_iter()
+                .find(|e| e["reason"] == "FailedToUpdateServeApplications")
+        })
+        .await;
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(note.contains("400") && note.contains("greater than 0"), "{note}");
+    // Retries of a refusal double (5 s, 10 s, ...); a passing fault's stay at 5 s.
+    let retries = env
+        .eventually("a second refused pass", 60, || async {
+            let retries = logged_retries(&env.controller.logs());
+            (retries.len() >= 2).then_some(retries)
+        })
+        .await;
+    assert!(
+        retries.iter().any(|r| r != "5s"),
+        "retries after Ray's 400: {retries:?}"
+    );
+    assert_eq!(env.controller.counter_sum("rayshift_rayservices_failing"), 1.0);
+    let view = env.heads.view(cluster).await.expect("the head answers");
+    assert_eq!(
+        view.running_replicas(),
+        REPLICAS,
+        "Ray kept what it ran: {view:?}"
+    );
+
+    env.set_serve_config(&serve_config("v1", &env.shape)).await;
+    env.eventually("no RayService failing", 60, || async {
+        (env.controller.counter_sum("rayshift_rayservices_failing") == 0.0).then_some(())
+    })
+    .await;
+}
+
+/// The `retry` of each "reconcile failed" line of the controller's plain log (the only lines with one; the
+/// error before it may span lines).
+fn logged_retries(logs: &str) -> Vec<String> {
+    logs.split(" retry=")
+        .skip(1)
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
 }
 
 /// gRPC moves with HTTP: Serve's gRPC proxy (port 9000) behind a GRPCRoute with the HTTPRoute's weights, on

@@ -340,7 +340,23 @@ impl Dashboard {
             .request_text(req)
             .await
             .map(String::into_bytes)
-            .map_err(|e| (true, DashboardFailure::Proxy(e)))
+            .map_err(proxy_failure)
+    }
+}
+
+/// The proxy relays the dashboard's own answer (kube makes any non-2xx an `Api` error): judged as a direct
+/// answer is, so Ray's 400 to a config it refuses is neither retried at once nor taken for a passing fault.
+fn proxy_failure(e: kube::Error) -> (bool, DashboardFailure) {
+    match e {
+        kube::Error::Api(s) => {
+            let status = reqwest::StatusCode::from_u16(s.code).unwrap_or(reqwest::StatusCode::BAD_GATEWAY);
+            let body = s.message.trim().to_string();
+            (
+                status.is_server_error(),
+                DashboardFailure::Status { status, body },
+            )
+        }
+        e => (true, DashboardFailure::Proxy(e)),
     }
 }
 
@@ -362,6 +378,34 @@ pub fn serve_config_json(text: &str, target_capacity: Option<i32>) -> Result<Val
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What kube 4.2 makes of Ray's 400 through the proxy (a body that is not a Status) and of the apiserver's
+    /// own 503 when the Service has no endpoint.
+    #[test]
+    fn proxied_refusals_are_judged_as_direct_ones() {
+        let refused =
+            kube::core::Status::failure("ValidationError(...)", "Failed to parse error data").with_code(400);
+        let (retry, failure) = proxy_failure(kube::Error::Api(refused.boxed()));
+        assert!(!retry);
+        let error = Error::Dashboard {
+            url: "/api/v1/namespaces/ns/services/c-head-svc:dashboard/proxy/api/serve/applications/".into(),
+            failure: Box::new(failure),
+        };
+        assert!(error.is_persistent(), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("400 Bad Request: ValidationError(...)"),
+            "{error}"
+        );
+
+        let no_endpoint =
+            kube::core::Status::failure("no endpoints available", "ServiceUnavailable").with_code(503);
+        let (retry, failure) = proxy_failure(kube::Error::Api(no_endpoint.boxed()));
+        assert!(
+            retry && matches!(failure, DashboardFailure::Status { status, .. } if status.as_u16() == 503)
+        );
+    }
 
     #[test]
     fn url_template_with_and_without_path_prefix() {
