@@ -209,7 +209,12 @@ impl Env {
                     &cp.dir.join("kubeconfig-rayshift"),
                     &ns,
                     "http://127.0.0.1:9/{namespace}/{cluster}",
-                    &[GATE, "--use-kubernetes-proxy"],
+                    // A short health period: the frozen-dashboard check waits for one.
+                    &[
+                        GATE,
+                        "--use-kubernetes-proxy",
+                        "--serve-health-interval-seconds=3",
+                    ],
                 )
             }
         };
@@ -268,6 +273,13 @@ impl Env {
             )
             .await
             .unwrap();
+    }
+
+    /// The Ready condition: whether it holds, its reason and message.
+    async fn ready(&self) -> Option<(bool, String, String)> {
+        let rs = self.get().await;
+        let ready = rs.status?.conditions?.into_iter().find(|c| c.type_ == "Ready")?;
+        Some((ready.status == "True", ready.reason, ready.message))
     }
 
     async fn set_serve_config(&self, config: &str) {
@@ -1078,7 +1090,76 @@ async fn real_dashboard_through_the_apiserver_service_proxy() {
         "the controller used the URL template: {:?}",
         env.heads.answers()
     );
+    frozen_dashboard_is_reported(&env, &first).await;
     refused_config_backs_off(&env, &first).await;
+}
+
+/// Resumes a stopped dashboard, whatever the test's outcome.
+struct FrozenDashboard<'a>(&'a RayHeads, &'a str);
+
+impl Drop for FrozenDashboard<'_> {
+    fn drop(&mut self) {
+        self.0.signal_dashboard(self.1, "CONT");
+    }
+}
+
+/// A dashboard that accepts connections and never answers (its process stopped, as in a long pause): the
+/// apiserver's proxy sets no deadline of its own, so rayshift's dashboard timeout must end each request and
+/// the RayService gets a `DashboardUnreachable` Event. Serve's proxy still serves, so Ready stays True (as
+/// KubeRay's, Ready counts serve endpoints). Resumed, the health timer finds Serve's status unchanged again.
+async fn frozen_dashboard_is_reported(env: &Env, cluster: &str) {
+    assert_eq!(
+        env.ready().await.map(|(ready, ..)| ready),
+        Some(true),
+        "Ready before the stop"
+    );
+    let cp = control_plane_beside_ray();
+    // A head's dashboard can also time out as it starts: only an Event or a repeat after the stop counts.
+    let unanswered = || {
+        cp.events(&env.ns)
+            .into_iter()
+            .filter(|e| {
+                e["reason"] == "DashboardUnreachable"
+                    && e["note"].as_str().is_some_and(|n| n.contains("no answer within"))
+            })
+            .map(|e| {
+                (
+                    e["metadata"]["name"].to_string(),
+                    e["series"]["count"].as_i64().unwrap_or(1),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = unanswered();
+    assert!(
+        env.heads.signal_dashboard(cluster, "STOP"),
+        "stop the dashboard of {cluster}"
+    );
+    let frozen = FrozenDashboard(&env.heads, cluster);
+    let stopped = Instant::now();
+    env.eventually(
+        "a DashboardUnreachable Event for a request without answer",
+        60,
+        || async { unanswered().into_iter().find(|e| !before.contains(e)) },
+    )
+    .await;
+    let reported = stopped.elapsed();
+    assert_eq!(
+        env.ready().await.map(|(ready, ..)| ready),
+        Some(true),
+        "Serve still serves"
+    );
+    drop(frozen);
+    let unchanged = r#"rayshift_health_checks_total{outcome="unchanged"}"#;
+    let checked = env.controller.counter_sum(unchanged);
+    env.eventually("a health check finding Serve's status unchanged", 60, || async {
+        (env.controller.counter_sum(unchanged) > checked).then_some(())
+    })
+    .await;
+    println!(
+        "frozen dashboard: reported after {reported:.1?}, checked healthy {:.1?} after it resumed",
+        stopped.elapsed() - reported
+    );
 }
 
 /// A Serve config Ray's schema refuses (a negative replica count: Ray's to judge, rayshift does not model
@@ -1089,6 +1170,7 @@ async fn refused_config_backs_off(env: &Env, cluster: &str) {
     let refused =
         serve_config("v1", &env.shape).replace(&format!("num_replicas: {REPLICAS}"), "num_replicas: -1");
     assert_ne!(refused, serve_config("v1", &env.shape));
+    let logged = env.controller.logs().len();
     env.set_serve_config(&refused).await;
     let cp = control_plane_beside_ray();
     let event = env
@@ -1103,7 +1185,7 @@ async fn refused_config_backs_off(env: &Env, cluster: &str) {
     // Retries of a refusal double (5 s, 10 s, ...); a passing fault's stay at 5 s.
     let retries = env
         .eventually("a second refused pass", 60, || async {
-            let retries = logged_retries(&env.controller.logs());
+            let retries = logged_retries(&env.controller.logs()[logged..]);
             (retries.len() >= 2).then_some(retries)
         })
         .await;

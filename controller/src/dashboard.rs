@@ -336,11 +336,12 @@ impl Dashboard {
         let req = req
             .body(body.unwrap_or_default())
             .map_err(|e| (false, DashboardFailure::Build(e)))?;
-        self.kube
-            .request_text(req)
-            .await
-            .map(String::into_bytes)
-            .map_err(proxy_failure)
+        // The apiserver proxies without a deadline of its own (a long-running request), so a dashboard that
+        // accepts and never answers would hold a slot for kube's 295 s read timeout.
+        match tokio::time::timeout(self.timeout, self.kube.request_text(req)).await {
+            Ok(answer) => answer.map(String::into_bytes).map_err(proxy_failure),
+            Err(_) => Err((true, DashboardFailure::TimedOut(self.timeout))),
+        }
     }
 }
 

@@ -14,6 +14,8 @@ pub enum DashboardFailure {
     Proxy(#[source] kube::Error),
     #[error("request: {0}")]
     Build(#[source] http::Error),
+    #[error("no answer within {0:?}")]
+    TimedOut(std::time::Duration),
     #[error("unexpected Serve status JSON: {0}")]
     Json(#[source] serde_json::Error),
 }

@@ -186,6 +186,18 @@ set_nice() {
   [ $# -eq 0 ] || $SUDO renice --priority "$nice" -p "$@" >/dev/null 2>&1 || true
 }
 
+# Sends SIGNAL (STOP or CONT) to the head's dashboard process, the one listening on the dashboard port: stopped,
+# the kernel still accepts connections and nothing answers them, as in a long pause.
+dashboard_signal() {
+  local name=${1:?name} signal=${2:?signal} pid found=
+  for pid in $($SUDO ip netns pids "$name" 2>/dev/null || true); do
+    if grep -qa 'dashboard/dashboard.py' "/proc/$pid/cmdline" 2>/dev/null; then
+      $SUDO kill -s "$signal" "$pid" && found=1
+    fi
+  done
+  [ -n "$found" ] || { log "no dashboard process in $name"; return 1; }
+}
+
 # A head that did not come up is started once more, from scratch (CI saw one of dozens never answer).
 start_or_retry() {
   start "$@" && return
@@ -200,7 +212,8 @@ case "${1:-}" in
   stop) shift; stop "$@" ;;
   priority) shift; priority "$@" ;;
   tree-priority) shift; tree_priority "$@" ;;
+  dashboard-signal) shift; dashboard_signal "$@" ;;
   worker) shift; worker "$@" ;;
   venv) echo "$VENV" ;;
-  *) echo "usage: $0 install | start NAME INDEX APPDIR [ADDRESS] | worker NAME HEAD_IP ADDRESS INDEX APPDIR | stop NAME | priority NAME NICENESS | tree-priority PID NICENESS | venv" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start NAME INDEX APPDIR [ADDRESS] | worker NAME HEAD_IP ADDRESS INDEX APPDIR | stop NAME | priority NAME NICENESS | tree-priority PID NICENESS | dashboard-signal NAME STOP|CONT | venv" >&2; exit 2 ;;
 esac

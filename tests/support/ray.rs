@@ -252,6 +252,17 @@ impl RayHeads {
         self.shared.heads.lock().unwrap().get(cluster).cloned()
     }
 
+    /// Sends `STOP` or `CONT` to the dashboard process of `cluster`'s head; false when there is none.
+    pub fn signal_dashboard(&self, cluster: &str, signal: &str) -> bool {
+        self.head(cluster).is_some_and(|head| {
+            Command::new("bash")
+                .arg(script())
+                .args(["dashboard-signal", &head.netns, signal])
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    }
+
     pub fn answers(&self) -> Vec<Answer> {
         self.shared.answers.lock().unwrap().clone()
     }
