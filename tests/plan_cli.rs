@@ -1,4 +1,4 @@
-//! `rayshift plan` and `rayshift crds`, run as a user would.
+//! `rayshift plan`, `rayshift crds` and the kubectl plugin's client, run as a user would.
 
 use std::{fs, path::Path, process::Command};
 
@@ -437,5 +437,84 @@ fn resource_aware_plan_shows_the_dip() {
             "ResourceAware: serving capacity dips to 80% (maxUnavailablePercent 20, spare capacity 5%)"
         ),
         "{text}"
+    );
+}
+
+/// A stand-in apiserver that answers every request 429 with `Retry-After: 1`, as a throttling kube-apiserver
+/// does. A stand-in because the real one cannot be made to throttle one client quickly: API Priority and
+/// Fairness dispatches a lone request even at a priority level of zero seats (tried: 1 dispatched, 0 rejected).
+struct Throttling {
+    url: String,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Throttling {
+    fn start() -> Self {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().map_while(Result::ok) {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    line.clear();
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Too many requests, please try again later.","reason":"TooManyRequests","details":{"retryAfterSeconds":1},"code":429}"#;
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Throttling { url, requests }
+    }
+}
+
+/// `kubectl rayshift status` against a throttling apiserver gives up with its 429 after a few retries, each at
+/// least Retry-After apart (about kubectl's patience), not after kube's default 15 retries over minutes.
+#[test]
+fn the_plugin_gives_up_on_a_throttling_apiserver() {
+    let apiserver = Throttling::start();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: {}}}\nusers:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u, namespace: ns}}\ncurrent-context: c\n",
+            apiserver.url
+        ),
+    )
+    .unwrap();
+    let plugin = dir.path().join("kubectl-rayshift");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_rayshift"), &plugin).unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(&plugin)
+        .args(["status", "llm", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let requests = apiserver.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{requests} requests, gave up after {took:.1?}: {stderr}");
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("429") && stderr.contains("Too many requests"),
+        "{stderr}"
+    );
+    // The first request and its 5 retries; kube's default would make 16.
+    assert_eq!(requests, 6, "{stderr}");
+    assert!(
+        took >= std::time::Duration::from_secs(4),
+        "Retry-After kept: {took:?}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(45),
+        "gave up after {took:?}"
     );
 }

@@ -42,6 +42,21 @@ pub fn client(config: Config, protocol: Protocol) -> kube::Result<Client> {
     if protocol == Protocol::Http1 || config.proxy_url.is_some() {
         return Client::try_from(config);
     }
+    let retry = config.default_retry.then(RetryPolicy::server_retry);
+    http2_client(config, retry)
+}
+
+/// A client that retries 429/503/504 as `retry` says, where kube's default retries 15 times, for minutes.
+/// With a proxy, kube's default stack knows only its own retry: it then retries nothing.
+pub fn client_retrying(mut config: Config, retry: RetryPolicy) -> kube::Result<Client> {
+    if config.proxy_url.is_some() {
+        config.default_retry = false;
+        return Client::try_from(config);
+    }
+    http2_client(config, Some(retry))
+}
+
+fn http2_client(config: Config, retry: Option<RetryPolicy>) -> kube::Result<Client> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     let mut tls = HttpsConnectorBuilder::new()
@@ -67,11 +82,7 @@ pub fn client(config: Config, protocol: Protocol) -> kube::Result<Client> {
         .build(connector);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
-        .option_layer(
-            config
-                .default_retry
-                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
-        )
+        .option_layer(retry.map(RetryLayer::new))
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)

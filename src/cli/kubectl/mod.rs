@@ -3,7 +3,7 @@
 
 mod status;
 
-use std::{io::Write, path::PathBuf, process::ExitCode};
+use std::{io::Write, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
@@ -11,6 +11,7 @@ use jiff::Timestamp;
 use kube::{
     Api, Client, Config, ResourceExt,
     api::{Patch, PatchParams},
+    client::retry::RetryPolicy,
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{WatchStreamExt, watcher},
 };
@@ -20,6 +21,8 @@ use rayshift_api::{
     upgrade_control::{self, UPGRADE_CONTROL_ANNOTATION},
 };
 use serde_json::json;
+
+use rayshift_controller::apiserver;
 
 use super::{CliError, validate};
 
@@ -171,9 +174,16 @@ impl Target {
             .namespace
             .clone()
             .unwrap_or_else(|| config.default_namespace.clone());
-        let client = Client::try_from(config)?;
+        let client = apiserver::client_retrying(config, throttled_retry()).map_err(CliError::Client)?;
         Ok((client, ns))
     }
+}
+
+/// A person waits for the answer: a throttling apiserver (429) or a passing 503/504 gets 5 more tries, each
+/// at least its Retry-After (APF says 1 s) apart, about kubectl's patience; kube's default waits minutes.
+fn throttled_retry() -> RetryPolicy {
+    RetryPolicy::new(Duration::from_millis(500), Duration::from_secs(1), 5, true)
+        .expect("a valid backoff: 500 ms to 1 s")
 }
 
 /// Prints the status, then again at every change of the RayService (deleted: ends).
