@@ -965,7 +965,10 @@ async fn a_serve_config_ray_refuses_backs_off_until_the_spec_changes() {
     let first = env.first_event("FailedToUpdateServeApplications").await;
     assert_eq!(first["type"], "Warning");
     let note = first["note"].as_str().unwrap_or_default();
-    assert!(note.contains("400") && note.contains("ValidationError"), "{note}");
+    assert!(
+        note.contains("400") && note.contains("validation error for ServeDeploySchema"),
+        "{note}"
+    );
     let refused = || {
         env.dashboard
             .clusters(&env.ns)

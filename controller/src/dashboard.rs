@@ -228,13 +228,7 @@ impl Dashboard {
             Route::KubernetesProxy => {
                 let (ns, pod, port) = (head.namespace, head.pod, head.port);
                 let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/-/healthz");
-                match http::Request::get(path).body(Vec::new()) {
-                    Ok(req) => matches!(
-                        tokio::time::timeout(self.timeout, self.kube.request_text(req)).await,
-                        Ok(Ok(_))
-                    ),
-                    Err(_) => false,
-                }
+                self.proxied(&http::Method::GET, &path, None).await.is_ok()
             }
         };
         timer.observe_duration();
@@ -315,11 +309,7 @@ impl Dashboard {
         if status.is_success() {
             Ok(bytes.to_vec())
         } else {
-            let body = String::from_utf8_lossy(&bytes).trim().to_string();
-            Err((
-                status.is_server_error(),
-                DashboardFailure::Status { status, body },
-            ))
+            Err(not_ok(status, &String::from_utf8_lossy(&bytes)))
         }
     }
 
@@ -349,16 +339,21 @@ impl Dashboard {
 /// answer is, so Ray's 400 to a config it refuses is neither retried at once nor taken for a passing fault.
 fn proxy_failure(e: kube::Error) -> (bool, DashboardFailure) {
     match e {
-        kube::Error::Api(s) => {
-            let status = reqwest::StatusCode::from_u16(s.code).unwrap_or(reqwest::StatusCode::BAD_GATEWAY);
-            let body = s.message.trim().to_string();
-            (
-                status.is_server_error(),
-                DashboardFailure::Status { status, body },
-            )
-        }
+        kube::Error::Api(s) => not_ok(
+            reqwest::StatusCode::from_u16(s.code).unwrap_or(reqwest::StatusCode::BAD_GATEWAY),
+            &s.message,
+        ),
         e => (true, DashboardFailure::Proxy(e)),
     }
+}
+
+/// A dashboard's non-2xx answer, on either route: retried at once only when the server failed (5xx).
+fn not_ok(status: reqwest::StatusCode, body: &str) -> (bool, DashboardFailure) {
+    let body = body.trim().to_string();
+    (
+        status.is_server_error(),
+        DashboardFailure::Status { status, body },
+    )
 }
 
 /// The dashboard's JSON config from serveConfigV2 (YAML text), with `target_capacity` when given.

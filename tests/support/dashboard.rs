@@ -286,6 +286,8 @@ async fn put_apps(
     }
 }
 
-/// Ray 2.60's answer to a config its schema refuses (the pydantic error's repr).
-const REFUSED_CONFIG: &str = "ValidationError(model='ServeDeploySchema', errors=[{'loc': ('applications', 0, \
-                              'import_path'), 'msg': 'Field required', 'type': 'value_error.missing'}])";
+/// Ray 2.60's answer to a config its schema refuses: the repr of pydantic 2's ValidationError, as its
+/// `serve_head.py` sends it (taken from the cached Ray venv for a config without an `import_path`).
+const REFUSED_CONFIG: &str = "1 validation error for ServeDeploySchema\napplications.0.import_path\n  Field required \
+                              [type=missing, input_value={'name': 'llm', 'route_prefix': '/'}, input_type=dict]\n    \
+                              For further information visit https://errors.pydantic.dev/2.14/v/missing";
