@@ -76,6 +76,9 @@ struct Shape {
     grpc: bool,
     /// Each replica needs a GPU worker, placed by kube-scheduler on this GPU node (issue 18).
     gpu_node: Option<String>,
+    /// Ray's token auth (`authOptions.mode: token`): KubeRay's operator makes each cluster's token Secret, the
+    /// head wants that token, and the controller reads it and sends it on every dashboard call.
+    token_auth: bool,
 }
 
 fn serve_config(version: &str, shape: &Shape) -> String {
@@ -116,6 +119,11 @@ fn spec(version: &str, shape: &Shape) -> Value {
                 "template": {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.60.0"}]}}}]
         }
     });
+    if shape.token_auth {
+        // KubeRay requires a rayVersion of 2.52.0 or later for token auth.
+        spec["rayClusterConfig"]["rayVersion"] = json!("2.60.0");
+        spec["rayClusterConfig"]["authOptions"] = json!({"mode": "token"});
+    }
     if let Some(node) = &shape.gpu_node {
         spec["rayClusterConfig"]["workerGroupSpecs"] = json!([{"groupName": "gpu", "replicas": 0, "minReplicas": 0,
             "maxReplicas": REPLICAS, "template": {"spec": {
@@ -1077,8 +1085,10 @@ async fn zero_downtime_through_traefik_upgrades_restart_abort_and_rollback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_dashboard_through_the_apiserver_service_proxy() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let env = Env::new("realproxy", DashboardRoute::ApiserverProxy).await;
+    let mut env = Env::new("realproxy", DashboardRoute::ApiserverProxy).await;
+    env.shape.token_auth = true;
     let first = env.deploy().await;
+    wants_its_token(&env, &first).await;
     let view = env.heads.view(&first).await.expect("the head answers");
     assert_eq!(view.target_capacity, Some(100.0), "{view:?}");
     assert_eq!(view.running_replicas(), REPLICAS, "{view:?}");
@@ -1089,6 +1099,32 @@ async fn real_dashboard_through_the_apiserver_service_proxy() {
     );
     frozen_dashboard_is_reported(&env, &first).await;
     refused_config_backs_off(&env, &first).await;
+}
+
+/// The head of a token-auth cluster refuses a request without its token (so the controller, which brought it
+/// to Ready, sent it), and its token is the one in the Secret KubeRay's operator made for the cluster.
+async fn wants_its_token(env: &Env, cluster: &str) {
+    let head = env.heads.head(cluster).expect("a head");
+    let ip = head.ip.expect("the head answers");
+    let url = format!("http://{ip}:8265/api/serve/applications/");
+    let bare = reqwest::get(&url).await.expect("the head answers");
+    assert_eq!(bare.status().as_u16(), 401, "without a token");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(env.client.clone(), &env.ns);
+    let secret = secrets.get(cluster).await.expect("KubeRay's token Secret");
+    let owner = &secret.metadata.owner_references.unwrap_or_default()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("RayCluster", cluster)
+    );
+    let stored = secret
+        .data
+        .unwrap_or_default()
+        .remove("auth_token")
+        .expect("auth_token");
+    assert_eq!(
+        head.token.as_deref().map(str::as_bytes),
+        Some(stored.0.as_slice())
+    );
 }
 
 /// Resumes a stopped dashboard, whatever the test's outcome.
@@ -1215,7 +1251,10 @@ async fn grpc_moves_with_http_through_traefik() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut env = Env::new("realgrpc", DashboardRoute::Template).await;
     env.shape.grpc = true;
+    // Through the router, each of the upgrade's two clusters with its own token.
+    env.shape.token_auth = true;
     let first = env.deploy().await;
+    wants_its_token(&env, &first).await;
     // A real Prometheus scrapes the controller and a webhook during the upgrade; afterwards every dashboard
     // query and alert rule is evaluated by it.
     let began = Instant::now();
@@ -1241,6 +1280,7 @@ async fn grpc_moves_with_http_through_traefik() {
             Twist::None,
         )
         .await;
+    wants_its_token(&env, &end).await;
     let grpc_routes: Api<GrpcRoute> = Api::namespaced(env.client.clone(), &env.ns);
     let route = grpc_routes.get("llm-grpcroute").await.unwrap();
     let route = serde_json::to_value(&route).unwrap();

@@ -330,4 +330,59 @@ impl RayClusterSpec {
     pub fn autoscaling_enabled(&self) -> bool {
         self.enable_in_tree_autoscaling == Some(true)
     }
+
+    /// The Secret whose `auth_token` a token-auth cluster's dashboard wants (`authOptions.mode: token`):
+    /// `authOptions.secretName`, else the one KubeRay's operator creates for the cluster. `None`: no token.
+    /// KubeRay 1.6's dashboard client reads the same Secret (token auth came in KubeRay 1.5.1).
+    pub fn auth_token_secret(&self, cluster: &str) -> Option<String> {
+        let auth = self.extra.get("authOptions")?;
+        if auth.get("mode").and_then(Value::as_str) != Some("token") {
+            return None;
+        }
+        match auth.get("secretName").and_then(Value::as_str) {
+            Some(name) if !name.is_empty() => Some(name.to_string()),
+            _ => Some(kuberay_object_name(cluster)),
+        }
+    }
+}
+
+/// How KubeRay names objects after a cluster (its `CheckName`): the last 50 characters, and a leading digit
+/// or punctuation replaced by `r`. Names are ASCII (DNS labels).
+fn kuberay_object_name(name: &str) -> String {
+    const MAX: usize = 50;
+    let tail = &name[name.len().saturating_sub(MAX)..];
+    match tail.chars().next() {
+        Some(c) if c.is_ascii_digit() || c.is_ascii_punctuation() => format!("r{}", &tail[1..]),
+        _ => tail.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(auth: Value) -> RayClusterSpec {
+        serde_json::from_value(serde_json::json!({"headGroupSpec": {"template": {}}, "authOptions": auth}))
+            .unwrap()
+    }
+
+    #[test]
+    fn token_auth_names_the_secret_kuberay_reads() {
+        let named = spec(serde_json::json!({"mode": "token", "secretName": "mine"}));
+        assert_eq!(named.auth_token_secret("llm-abcde").as_deref(), Some("mine"));
+        let own = spec(serde_json::json!({"mode": "token", "secretName": ""}));
+        assert_eq!(own.auth_token_secret("llm-abcde").as_deref(), Some("llm-abcde"));
+        for off in [
+            serde_json::json!({"mode": "disabled"}),
+            Value::Null,
+            serde_json::json!({}),
+        ] {
+            assert_eq!(spec(off.clone()).auth_token_secret("llm-abcde"), None, "{off}");
+        }
+        // Cut to its last 50 characters: 60 with a dash at the cut, which becomes `r`.
+        let long = format!("{}-{}", "a".repeat(10), "b".repeat(49));
+        assert_eq!(own.auth_token_secret(&long), Some(format!("r{}", "b".repeat(49))));
+        assert_eq!(kuberay_object_name("9lives"), "rlives");
+        assert_eq!(kuberay_object_name("llm-abcde"), "llm-abcde");
+    }
 }

@@ -5,7 +5,14 @@
 //! timeout and a bounded number of retries; failures are errors for the caller to surface as events and
 //! conditions, never panics.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, ResourceExt};
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -20,6 +27,59 @@ pub const DEFAULT_URL_TEMPLATE: &str = "http://{cluster}-head-svc.{namespace}.sv
 /// The Serve proxy's health check on a head Pod, as KubeRay probes it.
 pub const DEFAULT_HEALTH_URL_TEMPLATE: &str = "http://{podIP}:{port}/-/healthz";
 const APPLICATIONS: &str = "api/serve/applications/";
+/// The header KubeRay's dashboard client sends a token-auth cluster's token in: Ray reads it beside
+/// `Authorization`, which the apiserver's proxy would take as its own credential and drop.
+const TOKEN_HEADER: &str = "x-ray-authorization";
+/// The key of the token in its Secret, as KubeRay writes and reads it.
+const TOKEN_KEY: &str = "auth_token";
+
+/// Dashboard tokens by (namespace, Secret), each with when it was last used.
+#[derive(Default)]
+struct Tokens(HashMap<(String, String), (Arc<str>, Instant)>);
+
+impl Tokens {
+    /// Beyond this many, tokens unused for `IDLE` go (those of deleted clusters would otherwise pile up); a
+    /// serving cluster's is used every health period.
+    const LIMIT: usize = 1024;
+    const IDLE: Duration = Duration::from_secs(600);
+
+    fn get(&mut self, key: &(String, String), now: Instant) -> Option<Arc<str>> {
+        let (token, used) = self.0.get_mut(key)?;
+        *used = now;
+        Some(token.clone())
+    }
+
+    fn insert(&mut self, key: (String, String), token: Arc<str>, now: Instant) {
+        if self.0.len() >= Self::LIMIT {
+            self.0
+                .retain(|_, (_, used)| now.saturating_duration_since(*used) < Self::IDLE);
+        }
+        self.0.insert(key, (token, now));
+    }
+
+    fn remove(&mut self, key: &(String, String)) {
+        self.0.remove(key);
+    }
+}
+
+/// One cluster's dashboard: which cluster, and the Secret of its token when it wants one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    pub namespace: String,
+    pub cluster: String,
+    pub token_secret: Option<String>,
+}
+
+impl Target {
+    pub fn of(cluster: &rayshift_api::RayCluster) -> Self {
+        let name = cluster.name_any();
+        Self {
+            namespace: cluster.namespace().unwrap_or_default(),
+            token_secret: cluster.spec.auth_token_secret(&name),
+            cluster: name,
+        }
+    }
+}
 
 /// Where the dashboards are.
 #[derive(Clone, Debug)]
@@ -48,9 +108,12 @@ pub struct Dashboard {
     timeout: Duration,
     /// One permit per request in flight: slow dashboards hold their permits, so at most this many requests
     /// wait on them and the rest of the controller's reads are not swamped.
-    in_flight: std::sync::Arc<tokio::sync::Semaphore>,
+    in_flight: Arc<tokio::sync::Semaphore>,
     http: reqwest::Client,
     kube: kube::Client,
+    /// Tokens read once: a settled RayService's health checks read no Secret. An
+    /// answer of 401 or 403 drops its token, so a Secret put right is read again.
+    tokens: Arc<Mutex<Tokens>>,
     attempts: u32,
     metrics: Metrics,
 }
@@ -158,9 +221,10 @@ impl Dashboard {
         Ok(Self {
             route,
             timeout,
-            in_flight: std::sync::Arc::new(tokio::sync::Semaphore::new(usize::from(max_in_flight.max(1)))),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(usize::from(max_in_flight.max(1)))),
             http,
             kube,
+            tokens: Arc::default(),
             attempts: 3,
             metrics,
         })
@@ -188,18 +252,12 @@ impl Dashboard {
     }
 
     /// `GET /api/serve/applications/?api_type=declarative`.
-    pub async fn status(&self, namespace: &str, cluster: &str) -> Result<ServeStatus> {
+    pub async fn status(&self, target: &Target) -> Result<ServeStatus> {
         let body = self
-            .call(
-                http::Method::GET,
-                namespace,
-                cluster,
-                "?api_type=declarative",
-                None,
-            )
+            .call(http::Method::GET, target, "?api_type=declarative", None)
             .await?;
         serde_json::from_slice(&body).map_err(|e| Error::Dashboard {
-            url: self.where_(namespace, cluster),
+            url: self.where_(&target.namespace, &target.cluster),
             failure: Box::new(DashboardFailure::Json(e)),
         })
     }
@@ -228,7 +286,7 @@ impl Dashboard {
             Route::KubernetesProxy => {
                 let (ns, pod, port) = (head.namespace, head.pod, head.port);
                 let path = format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/-/healthz");
-                self.proxied(&http::Method::GET, &path, None).await.is_ok()
+                self.proxied(&http::Method::GET, &path, None, None).await.is_ok()
             }
         };
         timer.observe_duration();
@@ -239,9 +297,9 @@ impl Dashboard {
     }
 
     /// `PUT /api/serve/applications/` with the whole config (declarative: apps left out are deleted).
-    pub async fn put_config(&self, namespace: &str, cluster: &str, config: &Value) -> Result<()> {
+    pub async fn put_config(&self, target: &Target, config: &Value) -> Result<()> {
         let body = serde_json::to_vec(config).expect("JSON values serialize");
-        self.call(http::Method::PUT, namespace, cluster, "", Some(body))
+        self.call(http::Method::PUT, target, "", Some(body))
             .await
             .map(|_| ())
     }
@@ -249,12 +307,19 @@ impl Dashboard {
     async fn call(
         &self,
         method: http::Method,
-        namespace: &str,
-        cluster: &str,
+        target: &Target,
         query: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Vec<u8>> {
-        let url = format!("{}{APPLICATIONS}{query}", self.where_(namespace, cluster));
+        let url = format!(
+            "{}{APPLICATIONS}{query}",
+            self.where_(&target.namespace, &target.cluster)
+        );
+        let token = self.token(target).await.map_err(|failure| Error::Dashboard {
+            url: url.clone(),
+            failure: Box::new(failure),
+        })?;
+        let token = token.as_deref();
         let op = if method == http::Method::GET { "get" } else { "put" };
         let mut last = None;
         for attempt in 0..self.attempts {
@@ -266,8 +331,8 @@ impl Dashboard {
             waiting::on(Waiting::Dashboard(op));
             let timer = self.metrics.dashboard_latency(op);
             let result = match &self.route {
-                Route::Template(_) => self.direct(&method, &url, body.clone()).await,
-                Route::KubernetesProxy => self.proxied(&method, &url, body.clone()).await,
+                Route::Template(_) => self.direct(&method, &url, token, body.clone()).await,
+                Route::KubernetesProxy => self.proxied(&method, &url, token, body.clone()).await,
             };
             timer.observe_duration();
             drop(permit);
@@ -275,6 +340,9 @@ impl Dashboard {
                 Ok(bytes) => return Ok(bytes),
                 Err((retry, failure)) => {
                     self.metrics.dashboard_error(op);
+                    if failure.is_unauthorized() {
+                        self.forget_token(target);
+                    }
                     last = Some(failure);
                     if !retry {
                         break;
@@ -286,14 +354,63 @@ impl Dashboard {
         Err(Error::Dashboard { url, failure })
     }
 
+    /// The token `target` wants, from the cache or its Secret; `None` when it wants none.
+    async fn token(&self, target: &Target) -> Result<Option<Arc<str>>, DashboardFailure> {
+        let Some(secret) = &target.token_secret else {
+            return Ok(None);
+        };
+        let key = (target.namespace.clone(), secret.clone());
+        let cached = self
+            .tokens
+            .lock()
+            .expect("not poisoned")
+            .get(&key, Instant::now());
+        if let Some(token) = cached {
+            return Ok(Some(token));
+        }
+        let missing = || DashboardFailure::TokenMissing {
+            namespace: target.namespace.clone(),
+            secret: secret.clone(),
+        };
+        waiting::on(Waiting::api("get", "Secret"));
+        let read = Api::<Secret>::namespaced(self.kube.clone(), &target.namespace)
+            .get_opt(secret)
+            .await
+            .map_err(|e| DashboardFailure::TokenSecret {
+                namespace: target.namespace.clone(),
+                secret: secret.clone(),
+                source: e,
+            })?
+            .ok_or_else(missing)?;
+        let bytes = read
+            .data
+            .and_then(|mut d| d.remove(TOKEN_KEY))
+            .ok_or_else(missing)?;
+        let token: Arc<str> = String::from_utf8_lossy(&bytes.0).trim().into();
+        let mut tokens = self.tokens.lock().expect("not poisoned");
+        tokens.insert(key, token.clone(), Instant::now());
+        Ok(Some(token))
+    }
+
+    fn forget_token(&self, target: &Target) {
+        if let Some(secret) = &target.token_secret {
+            let key = (target.namespace.clone(), secret.clone());
+            self.tokens.lock().expect("not poisoned").remove(&key);
+        }
+    }
+
     /// Err((retryable, message)).
     async fn direct(
         &self,
         method: &http::Method,
         url: &str,
+        token: Option<&str>,
         body: Option<Vec<u8>>,
     ) -> Result<Vec<u8>, (bool, DashboardFailure)> {
         let mut req = self.http.request(method.clone(), url);
+        if let Some(t) = token {
+            req = req.header(TOKEN_HEADER, format!("Bearer {t}"));
+        }
         if let Some(b) = body {
             req = req.header("content-type", "application/json").body(b);
         }
@@ -317,9 +434,13 @@ impl Dashboard {
         &self,
         method: &http::Method,
         path: &str,
+        token: Option<&str>,
         body: Option<Vec<u8>>,
     ) -> Result<Vec<u8>, (bool, DashboardFailure)> {
         let mut req = http::Request::builder().method(method.clone()).uri(path);
+        if let Some(t) = token {
+            req = req.header(TOKEN_HEADER, format!("Bearer {t}"));
+        }
         if body.is_some() {
             req = req.header("content-type", "application/json");
         }
@@ -534,6 +655,104 @@ mod tests {
             }
         });
         (format!("http://{addr}/-/healthz"), accepted)
+    }
+
+    /// A dashboard under token auth, as Ray 2.60's middleware answers: 200 to the expected token in
+    /// `x-ray-authorization`, 403 to another, 401 to none.
+    async fn token_server(expected: Arc<Mutex<String>>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let expected = expected.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    while let Ok(n @ 1..) = conn.read(&mut buf).await {
+                        let request = String::from_utf8_lossy(&buf[..n]).to_lowercase();
+                        let sent = request
+                            .lines()
+                            .find_map(|l| l.strip_prefix("x-ray-authorization: bearer "));
+                        let want = expected.lock().unwrap().to_lowercase();
+                        let (status, body) = match sent {
+                            Some(t) if t.trim() == want => ("200 OK", r#"{"applications": {}}"#),
+                            Some(_) => ("403 Forbidden", "Forbidden: Invalid authentication token"),
+                            None => ("401 Unauthorized", "Unauthorized: Missing authentication token"),
+                        };
+                        let answer = format!(
+                            "HTTP/1.1 {status}\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if conn.write_all(answer.as_bytes()).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}/{{namespace}}/{{cluster}}")
+    }
+
+    /// The token goes in KubeRay's header; a refused one is forgotten, so the next call reads its Secret
+    /// again (here an apiserver that is not there: the read fails and says which Secret).
+    #[tokio::test]
+    async fn a_refused_token_is_read_again() {
+        let expected = Arc::new(Mutex::new("t1".to_string()));
+        let template = token_server(expected.clone()).await;
+        let kube = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
+        let dashboard = Dashboard::new(
+            Route::Template(template),
+            Duration::from_secs(5),
+            4,
+            kube,
+            metrics,
+        )
+        .unwrap();
+        let target = Target {
+            namespace: "ns".into(),
+            cluster: "c".into(),
+            token_secret: Some("c".into()),
+        };
+        let key = ("ns".to_string(), "c".to_string());
+        let now = Instant::now();
+        dashboard
+            .tokens
+            .lock()
+            .unwrap()
+            .insert(key.clone(), "t1".into(), now);
+        assert!(dashboard.status(&target).await.is_ok());
+        let open = Target {
+            token_secret: None,
+            ..target.clone()
+        };
+        let none = dashboard.status(&open).await.unwrap_err().to_string();
+        assert!(none.contains("401 Unauthorized"), "{none}");
+        assert!(dashboard.tokens.lock().unwrap().0.contains_key(&key));
+
+        *expected.lock().unwrap() = "t2".into();
+        let refused = dashboard.status(&target).await.unwrap_err().to_string();
+        assert!(refused.contains("403 Forbidden"), "{refused}");
+        assert!(!dashboard.tokens.lock().unwrap().0.contains_key(&key));
+        let reread = dashboard.status(&target).await.unwrap_err().to_string();
+        assert!(reread.contains("auth token Secret ns/c"), "{reread}");
+    }
+
+    /// Tokens of clusters gone pile up only to the limit: then those unused for 10 minutes go, not the ones in use.
+    #[test]
+    fn idle_tokens_go_once_there_are_many() {
+        let start = Instant::now();
+        let key = |i: usize| ("ns".to_string(), format!("c{i}"));
+        let mut tokens = Tokens::default();
+        for i in 0..Tokens::LIMIT {
+            tokens.insert(key(i), "t".into(), start);
+        }
+        let later = start + Duration::from_secs(601);
+        assert!(tokens.get(&key(7), later).is_some(), "in use");
+        tokens.insert(key(Tokens::LIMIT), "t".into(), later);
+        let kept: Vec<_> = tokens.0.keys().cloned().collect();
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert!(kept.contains(&key(7)) && kept.contains(&key(Tokens::LIMIT)));
     }
 
     /// Dashboards behind one address: a burst of checks as large as the in-flight limit opens its connections

@@ -18,6 +18,25 @@ pub enum DashboardFailure {
     TimedOut(std::time::Duration),
     #[error("unexpected Serve status JSON: {0}")]
     Json(#[source] serde_json::Error),
+    #[error("reading the auth token Secret {namespace}/{secret} (authOptions.mode is token): {source}")]
+    TokenSecret {
+        namespace: String,
+        secret: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "the auth token Secret {namespace}/{secret} (authOptions.mode is token) does not exist or has no key auth_token"
+    )]
+    TokenMissing { namespace: String, secret: String },
+}
+
+impl DashboardFailure {
+    /// Ray refused the request's token (401: none, 403: another one), as token auth answers.
+    pub fn is_unauthorized(&self) -> bool {
+        matches!(self, DashboardFailure::Status { status, .. }
+            if matches!(status.as_u16(), 401 | 403))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

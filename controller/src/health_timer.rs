@@ -15,15 +15,14 @@ use kube::runtime::reflector::ObjectRef;
 use rayshift_api::RayService;
 
 use crate::{
-    dashboard::{Dashboard, HeadProxy, ServeStatus},
+    dashboard::{Dashboard, HeadProxy, ServeStatus, Target},
     metrics::Metrics,
 };
 
 /// What a settled pass saw of one serving cluster: the timer expects the same.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServingCluster {
-    pub namespace: String,
-    pub cluster: String,
+    pub target: Target,
     pub serve: ServeStatus,
     /// The head's Serve proxy, healthy when seen; `None` when the head is not in the serve Service.
     pub proxy: Option<ProxyAddress>,
@@ -179,14 +178,14 @@ impl HealthTimer {
 /// still healthy. A failed read is a difference: the pass that follows surfaces it.
 async fn still_serving(dashboard: &Dashboard, template: &str, baseline: &Baseline) -> bool {
     for seen in baseline {
-        match dashboard.status(&seen.namespace, &seen.cluster).await {
+        match dashboard.status(&seen.target).await {
             Ok(serve) if serve == seen.serve => {}
             _ => return false,
         }
         if let Some(p) = &seen.proxy {
             let head = HeadProxy {
-                namespace: &seen.namespace,
-                cluster: &seen.cluster,
+                namespace: &seen.target.namespace,
+                cluster: &seen.target.cluster,
                 pod: &p.pod,
                 pod_ip: &p.pod_ip,
                 port: p.port,
@@ -213,8 +212,11 @@ mod tests {
 
     fn baseline(cluster: &str) -> Baseline {
         vec![ServingCluster {
-            namespace: "ns".into(),
-            cluster: cluster.into(),
+            target: Target {
+                namespace: "ns".into(),
+                cluster: cluster.into(),
+                token_secret: None,
+            },
             serve: ServeStatus::default(),
             proxy: None,
         }]

@@ -30,7 +30,7 @@ use rayshift_api::{
 use crate::{
     children,
     context::{self, Context, ParentRefs},
-    dashboard::{self, ServeStatus},
+    dashboard::{self, ServeStatus, Target},
     error::{Error, Result},
     events::EventType,
     waiting::{self, Waiting},
@@ -399,7 +399,7 @@ async fn set_capacity(p: &Pass<'_>, cluster: &RayCluster, percent: i32) -> Resul
         })?;
     let config = dashboard::serve_config_json(&text, Some(percent))?;
     p.ctx.ensure_leader()?;
-    p.ctx.dashboard.put_config(p.ns, &name, &config).await
+    p.ctx.dashboard.put_config(&Target::of(cluster), &config).await
 }
 
 async fn apply_cluster_serve_service(p: &Pass<'_>, cluster: &RayCluster) -> Result<()> {

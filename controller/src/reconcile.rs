@@ -34,7 +34,7 @@ use crate::{
     children::{self, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_CONFIG_ANNOTATION, SERVE_LABEL},
     cluster_records::LabelWrite,
     context::{Context, ControllerOptions, apply_child},
-    dashboard::{self, HeadProxy, ServeStatus},
+    dashboard::{self, HeadProxy, ServeStatus, Target},
     error::{Error, Result},
     events::EventType,
     health_timer::{Baseline, ProxyAddress, ServingCluster},
@@ -178,8 +178,7 @@ fn health_baseline(rs: &RayService, seen: &Observation, decision: &Decision) -> 
                     port: h.port,
                 });
             Some(ServingCluster {
-                namespace: ns.clone(),
-                cluster: name.clone(),
+                target: Target::of(&s.cluster),
                 serve: s.serve.clone()?,
                 proxy,
             })
@@ -348,7 +347,7 @@ async fn confirm_clusters(
 async fn observe_cluster(ctx: &Context, ns: &str, cluster: RayCluster, watched: bool) -> Result<Seen> {
     let (head_ready, head_message, head_pod) = head_health(ctx, ns, &cluster).await?;
     let (serve, dashboard_error) = if watched && head_ready {
-        match ctx.dashboard.status(ns, &cluster.name_any()).await {
+        match ctx.dashboard.status(&Target::of(&cluster)).await {
             Ok(s) => (Some(s), None),
             Err(e) => (None, Some(e.to_string())),
         }
@@ -1201,7 +1200,7 @@ async fn push_serve_config(
     }
     let config = dashboard::serve_config_json(&text, target_capacity)?;
     ctx.ensure_leader()?;
-    match ctx.dashboard.put_config(ns, &name, &config).await {
+    match ctx.dashboard.put_config(&Target::of(cluster), &config).await {
         Ok(()) => {
             ctx.records().set_pushed_config(&owner, &name, &text);
             if cluster.annotations().get(SERVE_CONFIG_ANNOTATION) != Some(&text) {

@@ -19,7 +19,8 @@
 #   ray.sh tree-priority PID NICENESS  renice that process and every process under it (a worker node's)
 #   ray.sh venv                        print the venv directory
 #
-# RAYSHIFT_RAY_NICE sets the niceness `start` runs the head at (default 0).
+# RAYSHIFT_RAY_NICE sets the niceness `start` runs the head at (default 0). RAY_AUTH_MODE=token and
+# RAY_AUTH_TOKEN, set as KubeRay sets them on a token-auth cluster's Pods, start a head that wants the token.
 # With RAYSHIFT_OWNER_PID set, `start` leaves a watchdog that stops the head once that process has exited.
 set -euo pipefail
 
@@ -96,8 +97,10 @@ start() {
     --metrics-export-port 8080 \
     --disable-usage-stats --temp-dir "$tmp" >"$tmp.log" 2>&1
   # Up to 2 minutes: a head starting next to a serving one on a loaded 2-core machine has taken more than one.
+  local auth=()
+  [ -n "${RAY_AUTH_TOKEN:-}" ] && auth=(-H "x-ray-authorization: Bearer $RAY_AUTH_TOKEN")
   for _ in $(seq 240); do
-    if curl -sf "http://$ns_ip:8265/api/serve/applications/" >/dev/null 2>&1; then
+    if curl -sf "${auth[@]}" "http://$ns_ip:8265/api/serve/applications/" >/dev/null 2>&1; then
       if [ -n "${RAYSHIFT_OWNER_PID:-}" ]; then
         setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" stop "$3"' \
           watchdog "$RAYSHIFT_OWNER_PID" "$SELF" "$name" </dev/null >/dev/null 2>&1 &
@@ -110,7 +113,7 @@ start() {
   log "head $name did not become ready in 120 s; what the host and the namespace see:"
   {
     ip route get "$ns_ip" || true
-    curl -sv --max-time 5 "http://$ns_ip:8265/api/serve/applications/" 2>&1 | tail -n 15 || true
+    curl -sv --max-time 5 "${auth[@]}" "http://$ns_ip:8265/api/serve/applications/" 2>&1 | tail -n 15 || true
     $SUDO ip netns exec "$name" ip -br addr || true
     $SUDO ip netns exec "$name" ss -ltnp || true
     tail -n 15 "$tmp/session_latest/logs/dashboard.log" 2>/dev/null || true

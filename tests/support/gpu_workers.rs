@@ -176,7 +176,7 @@ async fn pass(
         for pod in mine.iter().filter(|p| ready(p)) {
             join(nodes, &name, &netns, &head_ip, pod);
         }
-        if let Some(serve) = look(http, &head_ip).await {
+        if let Some(serve) = look(http, &head_ip, None).await {
             to_foreground(nodes, &mine, &serve.running_nodes).await;
             let wanted = serve.replicas.values().sum();
             scale(&clusters, &cluster, &mine, wanted, &serve.replica_nodes).await?;

@@ -9,6 +9,9 @@
 //!   forwards the controller's calls to that cluster's real dashboard, unchanged, and keeps every answer
 //!   (what the controller was told, and when).
 //! - A sampler asks every head directly, every 250 ms, what Serve really runs.
+//! - A token-auth RayCluster's head wants the token KubeRay's operator put in the cluster's Secret, as the
+//!   Pods KubeRay makes do (`RAY_AUTH_MODE`, `RAY_AUTH_TOKEN`): the router forwards the controller's
+//!   `x-ray-authorization` as it came, and only the sampler is given the token by the test.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -29,7 +32,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::any,
 };
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::{Api, Client, ResourceExt, api::ListParams};
 use rayshift_api::RayCluster;
 use serde_json::Value;
@@ -154,6 +157,8 @@ pub struct Head {
     pub started: Instant,
     /// At `BACKGROUND_NICE` until its Serve apps are first RUNNING (see there).
     pub background: bool,
+    /// The token a token-auth cluster's head wants.
+    pub token: Option<String>,
 }
 
 /// Niceness of a head until its Serve apps are first RUNNING, where a test asks for it. On a real cluster a new
@@ -310,8 +315,8 @@ impl RayHeads {
 
     /// Reads a head's Serve status directly (not through the router).
     pub async fn view(&self, cluster: &str) -> Option<ServeView> {
-        let ip = self.head(cluster)?.ip?;
-        look(&self.shared.http, &ip).await
+        let head = self.head(cluster)?;
+        look(&self.shared.http, head.ip.as_deref()?, head.token.as_deref()).await
     }
 }
 
@@ -341,13 +346,15 @@ impl Drop for RayHeads {
     }
 }
 
-pub async fn look(http: &reqwest::Client, ip: &str) -> Option<ServeView> {
-    let resp = http
+/// What Serve runs on the head at `ip`, asked directly (with its token if it wants one).
+pub async fn look(http: &reqwest::Client, ip: &str, token: Option<&str>) -> Option<ServeView> {
+    let mut req = http
         .get(format!("http://{ip}:8265/api/serve/applications/"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-        .ok()?;
+        .timeout(Duration::from_secs(2));
+    if let Some(token) = token {
+        req = req.header(TOKEN_HEADER, format!("Bearer {token}"));
+    }
+    let resp = req.send().await.ok()?;
     if !resp.status().is_success() {
         return None;
     }
@@ -358,24 +365,33 @@ pub async fn look(http: &reqwest::Client, ip: &str) -> Option<ServeView> {
 /// that are gone.
 async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
     let clusters: Api<RayCluster> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client, &ns);
     loop {
         let heads = pods
             .list(&ListParams::default().labels("ray.io/node-type=head"))
             .await;
         if let (Ok(list), Ok(heads)) = (clusters.list(&ListParams::default()).await, heads) {
-            let live: Vec<String> = list
+            let live: Vec<&RayCluster> = list
                 .items
                 .iter()
                 .filter(|c| c.metadata.deletion_timestamp.is_none())
-                .map(|c| c.name_any())
                 .collect();
-            for name in &live {
+            for cluster in &live {
+                let name = &cluster.name_any();
                 if shared.heads.lock().unwrap().contains_key(name) {
                     continue;
                 }
                 let Some(address) = pod_ip(&heads.items, name) else {
                     continue;
+                };
+                // KubeRay creates the Secret before the head Pod; a head wanting a token waits for it.
+                let token = match cluster.spec.auth_token_secret(name) {
+                    Some(secret) => match token(&secrets, &secret).await {
+                        Some(t) => Some(t),
+                        None => continue,
+                    },
+                    None => None,
                 };
                 // kwok may hand a freed address to a new Pod while the old head is still being stopped.
                 if shared
@@ -395,6 +411,7 @@ async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
                     ip: None,
                     started: Instant::now(),
                     background: shared.background_starts.load(Ordering::Relaxed),
+                    token,
                 };
                 shared.heads.lock().unwrap().insert(name.clone(), head.clone());
                 tokio::spawn(start_head(shared.clone(), name.clone(), head));
@@ -404,7 +421,7 @@ async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
                 .lock()
                 .unwrap()
                 .iter()
-                .filter(|(n, h)| !live.contains(n) && h.ip.is_some())
+                .filter(|(n, h)| !live.iter().any(|c| &c.name_any() == *n) && h.ip.is_some())
                 .map(|(n, h)| (n.clone(), h.clone()))
                 .collect();
             for (name, head) in gone {
@@ -413,6 +430,16 @@ async fn lifecycle(client: Client, ns: String, shared: Arc<Shared>) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The header Ray's token auth reads (beside `Authorization`), as KubeRay's dashboard client sends it.
+pub const TOKEN_HEADER: &str = "x-ray-authorization";
+
+/// The `auth_token` of a Secret, once it has one.
+async fn token(secrets: &Api<Secret>, name: &str) -> Option<String> {
+    let secret = secrets.get_opt(name).await.ok()??;
+    let bytes = secret.data?.remove("auth_token")?;
+    Some(String::from_utf8(bytes.0).ok()?.trim().to_string())
 }
 
 /// The IP kwok gave the head Pod of `cluster`.
@@ -450,8 +477,10 @@ async fn start_head(shared: Arc<Shared>, cluster: String, head: Head) {
     let app_dir = repo().join("tests/env/ray-app");
     let (netns, index, address) = (head.netns.clone(), head.index, head.address.clone());
     let nice = if head.background { BACKGROUND_NICE } else { "0" };
+    let token = head.token.clone();
     let out = tokio::task::spawn_blocking(move || {
-        Command::new("bash")
+        let mut start = Command::new("bash");
+        start
             .arg(script())
             .args([
                 "start",
@@ -461,8 +490,11 @@ async fn start_head(shared: Arc<Shared>, cluster: String, head: Head) {
                 &address,
             ])
             .env("RAYSHIFT_OWNER_PID", std::process::id().to_string())
-            .env("RAYSHIFT_RAY_NICE", nice)
-            .output()
+            .env("RAYSHIFT_RAY_NICE", nice);
+        if let Some(token) = token {
+            start.env("RAY_AUTH_MODE", "token").env("RAY_AUTH_TOKEN", token);
+        }
+        start.output()
     })
     .await;
     match out {
@@ -499,7 +531,8 @@ async fn sample(shared: Arc<Shared>) {
             .map(|(n, h)| (n.clone(), h.clone()))
             .collect();
         for (cluster, head) in heads {
-            let view = look(&shared.http, head.ip.as_deref().unwrap_or_default()).await;
+            let ip = head.ip.as_deref().unwrap_or_default();
+            let view = look(&shared.http, ip, head.token.as_deref()).await;
             if head.background {
                 let running = view.as_ref().is_some_and(ServeView::all_running);
                 set_priority(&head.netns, if running { "0" } else { BACKGROUND_NICE }).await;
@@ -535,6 +568,7 @@ async fn forward(
     Path((_ns, cluster, rest)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
     method: Method,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
     let Some(ip) = shared
@@ -556,6 +590,9 @@ async fn forward(
         .timeout(Duration::from_secs(30));
     if !body.is_empty() {
         req = req.header("content-type", "application/json").body(body.clone());
+    }
+    if let Some(token) = headers.get(TOKEN_HEADER) {
+        req = req.header(TOKEN_HEADER, token.clone());
     }
     let resp = match req.send().await {
         Ok(r) => r,
