@@ -657,6 +657,96 @@ async fn dashboard_down_is_a_condition_and_an_event_then_recovers() {
     assert!(controller.alive(), "no crash");
 }
 
+/// KubeRay 1.6's `ray.io/initializing-timeout`: a RayService whose first cluster never serves (its apps stay
+/// DEPLOYING) fails at the timeout, for good: Ready False `InitializingTimeout` in KubeRay's words, a
+/// `RayServiceInitializingTimeout` Event, no cluster named, the cluster deleted after the deletion delay (the GPUs
+/// it held are free), and a new spec builds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rayservice_that_never_serves_fails_at_its_initializing_timeout() {
+    const TIMEOUT: u64 = 20;
+    let deploying = |d: &FakeDashboard| d.new_clusters.lock().unwrap().app_status = Some("DEPLOYING".into());
+    let env = Env::with("inittimeout", deploying, &[]).await;
+    let mut rs = rayservice("llm", None, "ray:1");
+    rs["metadata"]["annotations"] = json!({"ray.io/initializing-timeout": format!("{TIMEOUT}s")});
+    env.create(rs).await;
+    let first = env
+        .eventually("a first cluster", 60, || async { pending(&env.get("llm").await) })
+        .await;
+    let failed = env
+        .eventually("Ready=False/InitializingTimeout", 90, || async {
+            let rs = env.get("llm").await;
+            (condition(&rs, "Ready").map(|c| c.1).as_deref() == Some("InitializingTimeout")).then_some(rs)
+        })
+        .await;
+    let ready = failed
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready");
+    let message = ready.unwrap().message.clone();
+    let prefix = format!(
+        "RayService failed to become ready within the configured timeout of {TIMEOUT}s. Time spent initializing: "
+    );
+    let spent = message
+        .strip_prefix(&prefix)
+        .and_then(|s| s.strip_suffix('s'))
+        .and_then(|s| s.parse::<f64>().ok());
+    let spent = spent.unwrap_or_else(|| panic!("KubeRay's message: {message}"));
+    // The pass wakes at the deadline; the bound is for a loaded machine.
+    assert!(
+        (TIMEOUT as f64..TIMEOUT as f64 + 10.0).contains(&spent),
+        "{message}"
+    );
+    println!("initializing timeout {TIMEOUT} s: failed after {spent} s");
+    assert_eq!((active(&failed), pending(&failed)), (None, None));
+    assert_eq!(condition(&failed, "Ready").unwrap().0, "False");
+    let event = env.first_event("RayServiceInitializingTimeout").await;
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(&format!("(configured timeout: {TIMEOUT}s)")),
+        "{note}"
+    );
+    assert_eq!(event["type"], "Warning");
+    env.eventually(&format!("{first} deleted"), 60, || async {
+        env.clusters()
+            .get_opt(&first)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // Terminal: a new spec builds no cluster and the condition stays.
+    let image = json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [
+        {"name": "ray-head", "image": "ray:2"}]}}}}}});
+    env.rayservices()
+        .patch("llm", &PatchParams::default(), &Patch::Merge(&image))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let clusters = env.clusters().list(&ListParams::default()).await.unwrap();
+    assert!(
+        clusters.items.is_empty(),
+        "{:?}",
+        clusters.items.iter().map(|c| c.name_any()).collect::<Vec<_>>()
+    );
+    let after = env.get("llm").await;
+    assert_eq!(
+        condition(&after, "Ready").map(|c| c.1).as_deref(),
+        Some("InitializingTimeout")
+    );
+    let events = env.events().await;
+    let timeouts = events
+        .iter()
+        .filter(|(r, _)| r == "RayServiceInitializingTimeout")
+        .count();
+    assert_eq!(timeouts, 1, "{events:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_pod_whose_ray_container_died_is_not_healthy() {
     // Test code in KubeRay's place: kwok runs every container of a Pod alike, so a Running head Pod whose Ray

@@ -12,6 +12,7 @@ pub const ROLLBACK_IN_PROGRESS: &str = "RollbackInProgress";
 /// Reasons (KubeRay's names where KubeRay has one).
 pub mod reason {
     pub const INITIALIZING: &str = "Initializing";
+    pub const INITIALIZING_TIMEOUT: &str = "InitializingTimeout";
     pub const NON_ZERO_SERVE_ENDPOINTS: &str = "NonZeroServeEndpoints";
     pub const ZERO_SERVE_ENDPOINTS: &str = "ZeroServeEndpoints";
     pub const VALIDATION_FAILED: &str = "ValidationFailed";
@@ -41,8 +42,9 @@ impl Wanted {
     }
 }
 
-/// The Ready condition from the number of serve endpoints, as KubeRay words it.
-pub fn ready(endpoints: i32, previous: &[Condition]) -> Wanted {
+/// The Ready condition from the number of serve endpoints, as KubeRay words it. Before any cluster was
+/// active, a dashboard that did not answer (rayshift's `DashboardUnreachable`) was still initializing.
+pub fn ready(endpoints: i32, previous: &[Condition], had_active: bool) -> Wanted {
     if endpoints > 0 {
         return Wanted::new(
             READY,
@@ -51,10 +53,9 @@ pub fn ready(endpoints: i32, previous: &[Condition]) -> Wanted {
             "Number of serve endpoints is greater than 0",
         );
     }
-    let was_initializing = previous
-        .iter()
-        .find(|c| c.type_ == READY)
-        .is_none_or(|c| c.reason == reason::INITIALIZING);
+    let was_initializing = previous.iter().find(|c| c.type_ == READY).is_none_or(|c| {
+        c.reason == reason::INITIALIZING || (c.reason == reason::DASHBOARD_UNREACHABLE && !had_active)
+    });
     if was_initializing {
         Wanted::new(READY, false, reason::INITIALIZING, "RayService is initializing")
     } else {
@@ -158,19 +159,29 @@ mod tests {
 
     #[test]
     fn ready_follows_endpoints_with_kuberay_reasons() {
-        assert_eq!(ready(0, &[]).reason, reason::INITIALIZING);
-        assert_eq!(ready(2, &[]).status, "True");
-        let was_ready = merge(&[], &[ready(2, &[])], &[], 1, &t(1));
-        assert_eq!(ready(0, &was_ready).reason, reason::ZERO_SERVE_ENDPOINTS);
+        assert_eq!(ready(0, &[], true).reason, reason::INITIALIZING);
+        assert_eq!(ready(2, &[], true).status, "True");
+        let was_ready = merge(&[], &[ready(2, &[], true)], &[], 1, &t(1));
+        assert_eq!(ready(0, &was_ready, true).reason, reason::ZERO_SERVE_ENDPOINTS);
+        // A first head whose dashboard did not answer yet: still initializing, not "dropped to 0".
+        let unreachable = [Wanted::new(
+            READY,
+            false,
+            reason::DASHBOARD_UNREACHABLE,
+            "refused",
+        )];
+        let unreachable = merge(&[], &unreachable, &[], 1, &t(1));
+        assert_eq!(ready(0, &unreachable, false).reason, reason::INITIALIZING);
+        assert_eq!(ready(0, &unreachable, true).reason, reason::ZERO_SERVE_ENDPOINTS);
     }
 
     #[test]
     fn transition_time_moves_only_on_status_change() {
-        let first = merge(&[], &[ready(1, &[])], &[], 1, &t(10));
-        let same = merge(&first, &[ready(3, &first)], &[], 2, &t(20));
+        let first = merge(&[], &[ready(1, &[], true)], &[], 1, &t(10));
+        let same = merge(&first, &[ready(3, &first, true)], &[], 2, &t(20));
         assert_eq!(same[0].last_transition_time, t(10));
         assert_eq!(same[0].observed_generation, Some(2));
-        let flipped = merge(&same, &[ready(0, &same)], &[], 2, &t(30));
+        let flipped = merge(&same, &[ready(0, &same, true)], &[], 2, &t(30));
         assert_eq!(flipped[0].last_transition_time, t(30));
     }
 
@@ -194,7 +205,7 @@ mod tests {
     #[test]
     fn bookkeeping_timestamps_are_not_changes() {
         let a = RayServiceStatuses {
-            conditions: Some(merge(&[], &[ready(1, &[])], &[], 1, &t(1))),
+            conditions: Some(merge(&[], &[ready(1, &[], true)], &[], 1, &t(1))),
             last_update_time: Some(t(1)),
             ..Default::default()
         };

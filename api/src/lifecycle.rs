@@ -9,6 +9,7 @@
 use jiff::{SignedDuration, Timestamp};
 
 use crate::{cluster_spec::SpecDigests, rayservice::UpgradeType};
+use initializing::Initialization;
 
 /// Annotation holding the time after which an unused cluster is deleted.
 pub const DELETE_AFTER_ANNOTATION: &str = "rayshift.io/delete-after";
@@ -44,6 +45,8 @@ pub struct Facts {
     pub incremental: bool,
     /// A spec digest that was rolled back (abort, progress deadline): not upgraded to again.
     pub rejected_spec: Option<String>,
+    /// Against `ray.io/initializing-timeout` ([`initializing::judge`]).
+    pub initialization: Initialization,
 }
 
 /// A change to one RayCluster.
@@ -75,8 +78,11 @@ pub struct Decision {
     pub promoted: Option<String>,
     /// The pending cluster was replaced because the spec changed again.
     pub replaced_pending: Option<String>,
-    /// When something is due without any event (a deletion).
+    /// When something is due without any event (a deletion, the initializing timeout).
     pub wake_at: Option<Timestamp>,
+    /// Against the initializing timeout, after this pass's promotion: a first cluster that serves in time
+    /// does not fail.
+    pub initialization: Initialization,
 }
 
 impl Decision {
@@ -123,10 +129,32 @@ pub fn decide(f: &Facts) -> Decision {
         promoted: None,
         replaced_pending: None,
         wake_at: None,
+        initialization: f.initialization,
     };
+    let first_serves = f
+        .pending
+        .as_deref()
+        .and_then(|p| f.cluster(p))
+        .is_some_and(|c| c.serving_ready);
+    match f.initialization {
+        Initialization::Failed => return let_everything_go(f, d),
+        Initialization::TimedOut { .. } if !first_serves => return let_everything_go(f, d),
+        Initialization::TimedOut { .. } => d.initialization = Initialization::Unlimited,
+        Initialization::Until { deadline } => d.wake_at = Some(deadline),
+        Initialization::Unlimited => {}
+    }
     choose_clusters(f, &mut d);
     update_pending(f, &mut d);
     promote_and_target(f, &mut d);
+    schedule_deletions(f, &mut d);
+    d
+}
+
+/// A RayService that failed to initialize keeps no cluster: each goes after the deletion delay, as KubeRay
+/// 1.6 clears the names and cleans up.
+fn let_everything_go(f: &Facts, mut d: Decision) -> Decision {
+    d.active = None;
+    d.pending = None;
     schedule_deletions(f, &mut d);
     d
 }
@@ -236,6 +264,7 @@ fn earliest(a: Option<Timestamp>, b: Timestamp) -> Option<Timestamp> {
     Some(a.map_or(b, |a| a.min(b)))
 }
 
+pub mod initializing;
 pub mod status;
 
 #[cfg(test)]

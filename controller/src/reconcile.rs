@@ -23,6 +23,7 @@ use rayshift_api::{
     conditions::{self, Wanted, reason},
     lifecycle::{
         self, ClusterAction, ClusterFacts, DELETE_AFTER_ANNOTATION, Decision, Facts,
+        initializing::{self, Initialization},
         status::{ClusterView, StatusInputs},
     },
     rayservice::{AppStatus, ClusterServiceStatus, RayServiceStatuses, ServeDeploymentStatus},
@@ -270,6 +271,12 @@ impl Observation {
                 .incremental
                 .then(|| previous.progress.rejected_spec_digest.clone())
                 .flatten(),
+            initialization: initializing::judge(
+                rs.annotations(),
+                previous.conditions.as_deref().unwrap_or_default(),
+                self.active.is_some(),
+                now,
+            ),
         }
     }
 
@@ -411,6 +418,21 @@ async fn apply(
         .map(String::as_str)
         .collect();
     ctx.records().keep_only(&rs.uid().unwrap_or_default(), &current);
+    if let Initialization::TimedOut { timeout, spent } = decision.initialization {
+        let (spent, timeout) = (
+            initializing::go_duration(spent),
+            initializing::go_duration(timeout),
+        );
+        let note =
+            format!("RayService initializing timeout exceeded after {spent} (configured timeout: {timeout})");
+        ctx.event(
+            rs,
+            EventType::Warning,
+            "RayServiceInitializingTimeout",
+            "Reconcile",
+            note,
+        );
+    }
     if let Some(p) = &decision.promoted {
         let from = seen.active.clone().unwrap_or_else(|| "none".into());
         let note = format!("Promoted RayCluster {ns}/{p} (was {from}): it serves all traffic now");
@@ -472,6 +494,8 @@ async fn settle_status(
     };
     let mut status = lifecycle_status(rs, ctx, &ns, &inputs).await?;
     let advanced = match seen.incremental {
+        // Failed to initialize: no cluster to step between (KubeRay skips the rest of its pass too).
+        true if decision.initialization.failed() => None,
         true => Some(advance_upgrade(rs, ctx, seen, decision, &mut status, now).await?),
         false => {
             let active = seen.cluster(&decision.active).map(|s| &s.cluster);

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 
-use super::{ClusterAction, Decision};
+use super::{ClusterAction, Decision, initializing::Initialization};
 use crate::{
     conditions::{self, Wanted, reason},
     progress::UpgradeProgress,
@@ -70,11 +70,27 @@ pub fn settle(i: &StatusInputs<'_>) -> (RayServiceStatuses, Vec<Tally>) {
 
 fn kuberay_fields(i: &StatusInputs<'_>) -> RayServiceStatuses {
     let prev_conditions = i.previous.conditions.as_deref().unwrap_or_default();
-    let mut ready = conditions::ready(i.endpoints, prev_conditions);
-    if let (Some(problem), false) = (i.dashboard_problem, i.endpoints > 0) {
-        ready = Wanted::new(conditions::READY, false, reason::DASHBOARD_UNREACHABLE, problem);
-    }
     let d = i.decision;
+    let ready = match d.initialization {
+        Initialization::TimedOut { timeout, spent } => Wanted::new(
+            conditions::READY,
+            false,
+            reason::INITIALIZING_TIMEOUT,
+            Initialization::message(timeout, spent),
+        ),
+        // Failed before: the condition stays as it was written then.
+        Initialization::Failed => {
+            let message = prev_conditions.iter().find(|c| c.type_ == conditions::READY);
+            let message = message.map(|c| c.message.clone()).unwrap_or_default();
+            Wanted::new(conditions::READY, false, reason::INITIALIZING_TIMEOUT, message)
+        }
+        _ => match (i.dashboard_problem, i.endpoints > 0) {
+            (Some(problem), false) => {
+                Wanted::new(conditions::READY, false, reason::DASHBOARD_UNREACHABLE, problem)
+            }
+            _ => conditions::ready(i.endpoints, prev_conditions, i.had_active),
+        },
+    };
     let wanted = [
         ready,
         conditions::upgrade_in_progress(d.active.is_some(), d.pending.is_some()),
@@ -142,6 +158,7 @@ mod tests {
             promoted: None,
             replaced_pending: None,
             wake_at: None,
+            initialization: Initialization::Unlimited,
         }
     }
 
@@ -206,6 +223,48 @@ mod tests {
         let mut s = RayServiceStatuses::default();
         s.progress.upgrade_start_time = Some("2026-11-24T09:59:00Z".parse().unwrap());
         s
+    }
+
+    fn ready_of(status: &RayServiceStatuses) -> (String, String, String) {
+        let c = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    /// KubeRay 1.6's Ready condition for a RayService past its initializing timeout, kept in later passes (with
+    /// no cluster named, no dashboard answers: the reason must not turn into another).
+    #[test]
+    fn a_timed_out_initialization_is_the_ready_reason_for_good() {
+        let previous = RayServiceStatuses::default();
+        let clusters = BTreeMap::new();
+        let mut d = decision("a", None);
+        (d.active, d.serve_target) = (None, None);
+        d.initialization = Initialization::TimedOut {
+            timeout: jiff::SignedDuration::from_secs(30),
+            spent: jiff::SignedDuration::from_millis(31_250),
+        };
+        let mut i = inputs(&previous, &d, &clusters);
+        (i.endpoints, i.had_active) = (0, false);
+        let (failed, _) = settle(&i);
+        let message = "RayService failed to become ready within the configured timeout of 30s. Time spent \
+                       initializing: 31.25s";
+        let want = (
+            "False".to_string(),
+            "InitializingTimeout".to_string(),
+            message.to_string(),
+        );
+        assert_eq!(ready_of(&failed), want);
+        assert_eq!(failed.active_service_status, None);
+
+        d.initialization = Initialization::Failed;
+        let mut later = inputs(&failed, &d, &clusters);
+        (later.endpoints, later.had_active) = (0, false);
+        later.dashboard_problem = Some("connection refused");
+        assert_eq!(ready_of(&settle(&later).0), want);
     }
 
     #[test]

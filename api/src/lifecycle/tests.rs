@@ -2,6 +2,7 @@ use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
 
 use super::*;
+use crate::lifecycle::initializing::Initialization;
 
 fn goal(tag: &str) -> SpecDigests {
     SpecDigests {
@@ -40,6 +41,7 @@ fn facts(
         new_name: "rs-new".into(),
         incremental: false,
         rejected_spec: None,
+        initialization: Initialization::Unlimited,
     }
 }
 
@@ -301,6 +303,7 @@ proptest! {
                 strategy: UpgradeType::NewCluster, goal: goal(&tag.to_string()), active: active.clone(),
                 pending: pending.clone(), clusters: clusters.clone(), deletion_delay: SignedDuration::from_secs(60),
                 now, new_name: format!("rs-{i}"), incremental: false, rejected_spec: None,
+                initialization: Initialization::Unlimited,
             };
             let d = decide(&f);
             if let Some(target) = &d.serve_target {
@@ -391,4 +394,69 @@ fn a_rejected_spec_is_not_upgraded_to_again() {
     f.rejected_spec = Some("spec-b".into());
     f.goal = goal("a");
     assert_eq!(decide(&f).config_targets, vec!["rs-1".to_string()]);
+}
+
+#[test]
+fn a_timed_out_initialization_lets_every_cluster_go_and_creates_none() {
+    let timed_out = Initialization::TimedOut {
+        timeout: SignedDuration::from_secs(30),
+        spent: SignedDuration::from_secs(31),
+    };
+    let mut f = facts(
+        UpgradeType::NewCluster,
+        "a",
+        None,
+        Some("rs-1"),
+        vec![cluster("rs-1", "a", false)],
+    );
+    f.initialization = timed_out;
+    let d = decide(&f);
+    assert_eq!((d.active.as_deref(), d.pending.as_deref()), (None, None));
+    assert_eq!(
+        d.actions,
+        vec![ClusterAction::ScheduleDeletion {
+            name: "rs-1".into(),
+            at: Timestamp::from_second(1_060).unwrap()
+        }]
+    );
+    assert_eq!((d.serve_target.as_deref(), d.config_targets.len()), (None, 0));
+    assert_eq!(d.initialization, timed_out);
+
+    // Failed before: a new spec creates nothing; the cluster goes when its time comes.
+    let mut later = facts(
+        UpgradeType::NewCluster,
+        "b",
+        None,
+        None,
+        vec![cluster("rs-1", "a", false)],
+    );
+    later.clusters[0].delete_after = Some(later.now);
+    later.initialization = Initialization::Failed;
+    let d = decide(&later);
+    assert_eq!(d.actions, vec![ClusterAction::Delete { name: "rs-1".into() }]);
+    assert_eq!(d.pending, None);
+}
+
+#[test]
+fn a_first_cluster_serving_at_the_deadline_is_promoted_not_failed() {
+    let mut f = facts(
+        UpgradeType::NewCluster,
+        "a",
+        None,
+        Some("rs-1"),
+        vec![cluster("rs-1", "a", true)],
+    );
+    f.initialization = Initialization::TimedOut {
+        timeout: SignedDuration::from_secs(30),
+        spent: SignedDuration::from_secs(30),
+    };
+    let d = decide(&f);
+    assert_eq!(d.promoted.as_deref(), Some("rs-1"));
+    assert_eq!(d.initialization, Initialization::Unlimited);
+
+    // Before the deadline the pass wakes at it, even with nothing else due.
+    let deadline = Timestamp::from_second(1_020).unwrap();
+    f.clusters[0].serving_ready = false;
+    f.initialization = Initialization::Until { deadline };
+    assert_eq!(decide(&f).wake_at, Some(deadline));
 }

@@ -14,6 +14,7 @@ use crate::{
     RayService,
     feature_gates::RAY_SERVICE_INCREMENTAL_UPGRADE,
     gateway_attachment::{Attachment, HTTP_ROUTE_ANNOTATION},
+    lifecycle::initializing::INITIALIZING_TIMEOUT_ANNOTATION as INITIALIZING_TIMEOUT,
     rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
     serve_grpc::grpc_port_in,
     slo::{self, SLO_CHECKS_ANNOTATION},
@@ -22,7 +23,6 @@ use crate::{
 
 /// KubeRay keeps `<name>-<5 chars>` and `-serve-svc` inside 63 characters.
 const MAX_NAME_LEN: usize = 47;
-const INITIALIZING_TIMEOUT: &str = "ray.io/initializing-timeout";
 /// Below this the Ray autoscaler rarely provisions pods between traffic steps (the seed advises 60).
 const MIN_ADVISED_INTERVAL_SECONDS: i32 = 30;
 
