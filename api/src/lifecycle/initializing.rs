@@ -48,9 +48,11 @@ impl Initialization {
 }
 
 /// Judges the RayService from its annotations, its previous conditions and whether a cluster was ever
-/// active. Initializing means never Ready: Ready is False with reason `Initializing`, or with
-/// `DashboardUnreachable` before any cluster was active (rayshift's reason while a first head's dashboard
-/// does not answer). The time counts from Ready's last transition, as KubeRay counts it.
+/// active. Initializing means never Ready and no cluster active yet: Ready is False with reason
+/// `Initializing`, or `DashboardUnreachable` (rayshift's reason while a first head's dashboard does not answer).
+/// KubeRay also fails a RayService whose first cluster is active but has no serve endpoint; rayshift does not,
+/// so it never lets go of a cluster the serve Service selects. The time counts from Ready's last transition,
+/// as KubeRay counts it.
 pub fn judge(
     annotations: &BTreeMap<String, String>,
     conditions: &[Condition],
@@ -64,9 +66,9 @@ pub fn judge(
     let (Some(timeout), Some(ready)) = (timeout(annotations), ready) else {
         return Initialization::Unlimited;
     };
-    let initializing = ready.status == "False"
-        && (ready.reason == reason::INITIALIZING
-            || (ready.reason == reason::DASHBOARD_UNREACHABLE && !had_active));
+    let initializing = !had_active
+        && ready.status == "False"
+        && [reason::INITIALIZING, reason::DASHBOARD_UNREACHABLE].contains(&ready.reason.as_str());
     if !initializing {
         return Initialization::Unlimited;
     }
@@ -160,10 +162,10 @@ mod tests {
         // A first head's dashboard that never answered is initializing too; after a cluster was active it is not.
         let unreachable = ready("False", reason::DASHBOARD_UNREACHABLE, 100);
         assert!(judge(&timeout_of("30s"), &unreachable, false, at(131)).failed());
-        assert_eq!(
-            judge(&timeout_of("30s"), &unreachable, true, at(131)),
-            Initialization::Unlimited
-        );
+        for after_a_cluster_was_active in [&unreachable, &initializing] {
+            let out = judge(&timeout_of("30s"), after_a_cluster_was_active, true, at(131));
+            assert_eq!(out, Initialization::Unlimited);
+        }
     }
 
     #[test]
