@@ -952,6 +952,20 @@ async fn taking_over_from_kuberay_starts_no_upgrade() {
     assert!(env.events().await.iter().any(|(r, _)| r == "AdoptedRayCluster"));
 }
 
+/// Creates rayshift's head Service `llm-head-svc` in a server-side dry run: what the test's policy denies.
+fn head_service_dry_run(env: &Env) -> std::process::Output {
+    env.cp.kubectl_output(&[
+        "create",
+        "service",
+        "clusterip",
+        "llm-head-svc",
+        "--tcp=80",
+        "-n",
+        &env.ns,
+        "--dry-run=server",
+    ])
+}
+
 /// A write the apiserver refuses on its merits (here a ValidatingAdmissionPolicy denies rayshift's head
 /// Service, as a cluster's own policy might) fails every pass the same way: the RayService shows why in one
 /// Warning Event (a series), its retries back off instead of repeating every 5 s, and once the policy is gone a
@@ -989,6 +1003,15 @@ spec:
             ns = env.ns
         ),
     );
+    // The apiserver takes a policy in from its informers a moment after it is stored: before that, rayshift's
+    // head Service was created and the test waited for a denial in vain (CI of 6affdbd).
+    env.eventually("the policy denies", 30, || async {
+        let dry_run = head_service_dry_run(&env);
+        String::from_utf8_lossy(&dry_run.stderr)
+            .contains(denial)
+            .then_some(())
+    })
+    .await;
     env.create(rayservice("llm", None, "ray:1")).await;
     let first = env.first_event("ReconcileFailed").await;
     assert_eq!(first["type"], "Warning");
@@ -1012,17 +1035,7 @@ spec:
     env.cp
         .kubectl(&["delete", "validatingadmissionpolicybinding", &policy]);
     env.eventually("the policy no longer denies", 30, || async {
-        let dry_run = env.cp.kubectl_output(&[
-            "create",
-            "service",
-            "clusterip",
-            "llm-head-svc",
-            "--tcp=80",
-            "-n",
-            &env.ns,
-            "--dry-run=server",
-        ]);
-        dry_run.status.success().then_some(())
+        head_service_dry_run(&env).status.success().then_some(())
     })
     .await;
     // A change of the RayService wakes it at once, whatever its backoff.
