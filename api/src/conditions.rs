@@ -42,8 +42,13 @@ impl Wanted {
     }
 }
 
-/// The Ready condition from the number of serve endpoints, as KubeRay words it. Before any cluster was
-/// active, a dashboard that did not answer (rayshift's `DashboardUnreachable`) was still initializing.
+/// Whether a Ready condition says the RayService is still initializing: `Initializing`, or rayshift's own
+/// `DashboardUnreachable` before any cluster was active (a first head's dashboard not answering yet).
+pub fn says_initializing(ready: &Condition, had_active: bool) -> bool {
+    ready.reason == reason::INITIALIZING || (ready.reason == reason::DASHBOARD_UNREACHABLE && !had_active)
+}
+
+/// The Ready condition from the number of serve endpoints, as KubeRay words it.
 pub fn ready(endpoints: i32, previous: &[Condition], had_active: bool) -> Wanted {
     if endpoints > 0 {
         return Wanted::new(
@@ -53,9 +58,10 @@ pub fn ready(endpoints: i32, previous: &[Condition], had_active: bool) -> Wanted
             "Number of serve endpoints is greater than 0",
         );
     }
-    let was_initializing = previous.iter().find(|c| c.type_ == READY).is_none_or(|c| {
-        c.reason == reason::INITIALIZING || (c.reason == reason::DASHBOARD_UNREACHABLE && !had_active)
-    });
+    let was_initializing = previous
+        .iter()
+        .find(|c| c.type_ == READY)
+        .is_none_or(|c| says_initializing(c, had_active));
     if was_initializing {
         Wanted::new(READY, false, reason::INITIALIZING, "RayService is initializing")
     } else {

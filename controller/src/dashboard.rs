@@ -71,6 +71,12 @@ pub struct Target {
 }
 
 impl Target {
+    /// Its token's place in the cache; `None` when it wants no token.
+    fn token_key(&self) -> Option<(String, String)> {
+        let secret = self.token_secret.clone()?;
+        Some((self.namespace.clone(), secret))
+    }
+
     pub fn of(cluster: &rayshift_api::RayCluster) -> Self {
         let name = cluster.name_any();
         Self {
@@ -356,10 +362,9 @@ impl Dashboard {
 
     /// The token `target` wants, from the cache or its Secret; `None` when it wants none.
     async fn token(&self, target: &Target) -> Result<Option<Arc<str>>, DashboardFailure> {
-        let Some(secret) = &target.token_secret else {
+        let (Some(key), Some(secret)) = (target.token_key(), &target.token_secret) else {
             return Ok(None);
         };
-        let key = (target.namespace.clone(), secret.clone());
         let cached = self
             .tokens
             .lock()
@@ -393,8 +398,7 @@ impl Dashboard {
     }
 
     fn forget_token(&self, target: &Target) {
-        if let Some(secret) = &target.token_secret {
-            let key = (target.namespace.clone(), secret.clone());
+        if let Some(key) = target.token_key() {
             self.tokens.lock().expect("not poisoned").remove(&key);
         }
     }

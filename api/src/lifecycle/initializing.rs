@@ -9,7 +9,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::{
-    conditions::{READY, reason},
+    conditions::{READY, reason, says_initializing},
     validation::go_duration_seconds,
 };
 
@@ -66,9 +66,7 @@ pub fn judge(
     let (Some(timeout), Some(ready)) = (timeout(annotations), ready) else {
         return Initialization::Unlimited;
     };
-    let initializing = !had_active
-        && ready.status == "False"
-        && [reason::INITIALIZING, reason::DASHBOARD_UNREACHABLE].contains(&ready.reason.as_str());
+    let initializing = !had_active && ready.status == "False" && says_initializing(ready, had_active);
     if !initializing {
         return Initialization::Unlimited;
     }
