@@ -411,26 +411,45 @@ async fn restart_apiserver(env: &Env, compact: bool) -> Instant {
     back
 }
 
+/// Whether Traefik's status on the route names its current generation; `Err` with that generation if not.
+async fn route_current(env: &Env) -> Result<(), Option<i64>> {
+    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
+    let route = routes.get("llm-httproute").await.unwrap();
+    let generation = route.metadata.generation;
+    let current = route.status.iter().flat_map(|s| &s.parents).any(|p| {
+        p.conditions
+            .iter()
+            .any(|c| c.type_ == "Accepted" && c.status == "True" && c.observed_generation == generation)
+    });
+    if current { Ok(()) } else { Err(generation) }
+}
+
 /// Waits until Traefik's status on the route names its current generation; returns when it did.
 async fn route_accepted(env: &Env) -> Instant {
-    let routes: Api<HttpRoute> = Api::namespaced(env.client.clone(), &env.ns);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let route = routes.get("llm-httproute").await.unwrap();
-        let generation = route.metadata.generation;
-        let current = route.status.iter().flat_map(|s| &s.parents).any(|p| {
-            p.conditions
-                .iter()
-                .any(|c| c.type_ == "Accepted" && c.status == "True" && c.observed_generation == generation)
-        });
-        if current {
-            return Instant::now();
-        }
+        let generation = match route_current(env).await {
+            Ok(()) => return Instant::now(),
+            Err(generation) => generation,
+        };
         assert!(
             Instant::now() < deadline,
             "Traefik never reported generation {generation:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How long after the apiserver is back rayshift may take to write again: 15 s (issue 16's goal). When its next
+/// change is a traffic step, it rightly waits for the Gateway controller to report the route's generation
+/// (`WaitingForGateway`), and Traefik's own watches recover from a compacted etcd in 6–12 s, at times over 15 s
+/// (the CI of 8aef7ae): then 5 s after Traefik reported it, at most 60 s in all.
+fn resume_bound(progressing: Option<&str>, gateway_back: Option<Duration>) -> Duration {
+    let goal = Duration::from_secs(15);
+    match gateway_back {
+        Some(back) => goal.max(back + Duration::from_secs(5)),
+        None if progressing == Some("WaitingForGateway") => Duration::from_secs(60),
+        None => goal,
     }
 }
 
@@ -452,6 +471,7 @@ async fn apiserver_restarts_mid_upgrade_and_the_upgrade_resumes() {
         // it waited for meanwhile).
         let levels = env.levels().await;
         let mut trace = Vec::new();
+        let mut gateway_back = None;
         let written = loop {
             let rs = env.get().await;
             let reason = support::status::condition(&rs, "Progressing").map(|c| c.1);
@@ -462,9 +482,13 @@ async fn apiserver_restarts_mid_upgrade_and_the_upgrade_resumes() {
             if now.0 != levels {
                 break back.elapsed();
             }
+            if gateway_back.is_none() && route_current(&env).await.is_ok() {
+                gateway_back = Some(back.elapsed());
+            }
             assert!(
-                back.elapsed() < Duration::from_secs(15),
-                "nothing written within 15 s of the apiserver being back (compact: {compact}): {trace:?}\n{}",
+                back.elapsed() < resume_bound(now.1.as_deref(), gateway_back),
+                "nothing written within 15 s of the apiserver being back (compact: {compact}), nor within 5 s of \
+                 Traefik reporting the route again ({gateway_back:?} after): {trace:?}\n{}",
                 support::wait::tail(&env.controller.as_ref().unwrap().logs(), 40)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -483,9 +507,11 @@ async fn apiserver_restarts_mid_upgrade_and_the_upgrade_resumes() {
         };
         println!(
             "apiserver restart at {traffic}% (etcd compacted: {compact}): rayshift wrote again {:.2} s after it \
-             was back, the next traffic step {:.2} s after; status trace {trace:?}",
+             was back, the next traffic step {:.2} s after (Traefik had reported the route again after {:?}); \
+             status trace {trace:?}",
             written.as_secs_f64(),
-            resumed.duration_since(back).as_secs_f64()
+            resumed.duration_since(back).as_secs_f64(),
+            gateway_back
         );
         // Recovered: the Gateway controller (Traefik, after its own watches came back) reports the route's
         // current generation again; until then rayshift rightly waits (WaitingForGateway).

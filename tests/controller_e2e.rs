@@ -177,16 +177,31 @@ impl Env {
     /// 40 s, counted from 5 s after now (passes woken by the cluster's last changes fail too), and it is one
     /// Event of `reason` whose series counts the repeats.
     async fn assert_backs_off(&self, attempts: &str, count: impl Fn() -> f64, reason: &str) {
+        self.assert_attempts_back_off(attempts, count).await;
+        let events = self.events_of(reason);
+        assert!(
+            events[0]["series"]["count"].as_i64().unwrap_or(1) >= 2,
+            "its repeats are counted in its series: {events:#?}"
+        );
+    }
+
+    /// The attempts half of `assert_backs_off`.
+    async fn assert_attempts_back_off(&self, attempts: &str, count: impl Fn() -> f64) {
         tokio::time::sleep(Duration::from_secs(5)).await;
         let before = count();
         tokio::time::sleep(Duration::from_secs(40)).await;
         let grew = count() - before;
+        println!("{grew} {attempts} in 40 s");
         // Backing off (5, 10, 20, 40 s ...) fits at most 3 retries in 40 s, and a woken pass; every 5 s would be 8.
         assert!(
             (1.0..=4.0).contains(&grew),
             "{grew} {attempts} in 40 s\n{}",
             support::wait::tail(&self.controller.logs(), 20)
         );
+    }
+
+    /// The one Event of `reason` (one message, one Event).
+    fn events_of(&self, reason: &str) -> Vec<Value> {
         let events: Vec<_> = self
             .cp
             .events(&self.ns)
@@ -194,10 +209,7 @@ impl Env {
             .filter(|e| e["reason"] == reason)
             .collect();
         assert_eq!(events.len(), 1, "one message, one Event: {events:#?}");
-        assert!(
-            events[0]["series"]["count"].as_i64().unwrap_or(1) >= 2,
-            "its repeats are counted in its series: {events:#?}"
-        );
+        events
     }
 
     async fn events(&self) -> Vec<(String, String)> {
@@ -1051,6 +1063,78 @@ spec:
     })
     .await;
     env.cp.kubectl(&["delete", "validatingadmissionpolicy", &policy]);
+}
+
+/// A dashboard that refuses the cluster's token (Ray 2.52+'s token auth: 403 to a token it does not know) refuses
+/// it again: the Serve status reads back off (5, 10, 20 s ...) instead of coming every serve poll (0.3 s here, 2 s
+/// by default; 128 reads in the 40 s before the fix), with one `DashboardUnreachable` Event and the RayService
+/// counted as failing. Once the dashboard takes the token again, the next retry finds it and the RayService
+/// becomes Ready. The token is read from the Secret KubeRay's real operator made for the cluster, and sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dashboard_that_refuses_the_token_is_asked_again_with_backoff() {
+    let env = Env::with(
+        "refusedtoken",
+        |d| d.new_clusters.lock().unwrap().refuse_tokens = true,
+        &[],
+    )
+    .await;
+    let mut rs = rayservice("llm", None, "ray:1");
+    // KubeRay wants Ray 2.52 or later for token auth.
+    rs["spec"]["rayClusterConfig"]["rayVersion"] = json!("2.60.0");
+    rs["spec"]["rayClusterConfig"]["authOptions"] = json!({"mode": "token"});
+    env.create(rs).await;
+    let first = env.first_event("DashboardUnreachable").await;
+    let note = first["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("403") && note.contains("Invalid authentication token"),
+        "{note}"
+    );
+    let refused = || {
+        env.dashboard
+            .clusters(&env.ns)
+            .iter()
+            .map(|c| env.dashboard.get(&env.ns, c).refused_tokens as f64)
+            .sum::<f64>()
+    };
+    env.assert_attempts_back_off("refused Serve status reads", refused)
+        .await;
+    env.events_of("DashboardUnreachable");
+    let carried: usize = env
+        .dashboard
+        .clusters(&env.ns)
+        .iter()
+        .map(|c| env.dashboard.get(&env.ns, c).refused_with_token)
+        .sum();
+    assert_eq!(
+        carried as f64,
+        refused(),
+        "every call carried the token from KubeRay's Secret"
+    );
+    assert_eq!(env.controller.counter_sum("rayshift_rayservices_failing"), 1.0);
+    let rs = env.get("llm").await;
+    assert_eq!(
+        condition(&rs, "Ready").map(|c| c.1).as_deref(),
+        Some("DashboardUnreachable"),
+        "{:?}",
+        rs.status
+    );
+
+    // The head takes the token again (say it restarted with the Secret's): the next retry, at most 40 s away
+    // by now, finds it.
+    for c in env.dashboard.clusters(&env.ns) {
+        env.dashboard.with(&env.ns, &c, |s| s.refuse_tokens = false);
+    }
+    env.eventually("Ready after the backoff", 90, || async {
+        let rs = env.get("llm").await;
+        condition(&rs, "Ready")
+            .is_some_and(|c| c.0 == "True")
+            .then_some(())
+    })
+    .await;
+    env.eventually("no longer counted as failing", 30, || async {
+        (env.controller.counter_sum("rayshift_rayservices_failing") == 0.0).then_some(())
+    })
+    .await;
 }
 
 /// A Serve config the Ray dashboard refuses (400, as Ray 2.60 answers a config its schema or its controller

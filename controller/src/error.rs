@@ -37,6 +37,22 @@ impl DashboardFailure {
         matches!(self, DashboardFailure::Status { status, .. }
             if matches!(status.as_u16(), 401 | 403))
     }
+
+    /// Asked the same way, it is refused the same way until someone changes something: Ray refused the config
+    /// (400: Ray 2.60 answers that only to a config its schema or its Serve controller rejects) or the token
+    /// (401, 403; through the apiserver's proxy also RBAC's 403), or RBAC refused the token Secret's read, or the
+    /// Secret has no token. Not a dashboard starting, failing or slow, which clear by themselves.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            DashboardFailure::Status { status, .. } => matches!(status.as_u16(), 400 | 401 | 403),
+            DashboardFailure::TokenSecret {
+                source: kube::Error::Api(s),
+                ..
+            } => matches!(s.code, 401 | 403),
+            DashboardFailure::TokenMissing { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,12 +141,7 @@ impl Error {
             Error::Kube(kube::Error::Api(s)) => {
                 (400..500).contains(&s.code) && !matches!(s.code, 404 | 408 | 409 | 429)
             }
-            // Ray's dashboard answers 400 only to a Serve config it refuses (its schema, or deploy_apps
-            // rejecting it; Ray 2.60's serve_head.py): the same config is refused again.
-            Error::Dashboard { failure, .. } => matches!(
-                **failure,
-                DashboardFailure::Status { status, .. } if status == reqwest::StatusCode::BAD_REQUEST
-            ),
+            Error::Dashboard { failure, .. } => failure.is_refusal(),
             Error::ServeConfig(_)
             | Error::ServeConfigNotAMapping
             | Error::UnusableUpgradeOptions
@@ -220,8 +231,30 @@ mod tests {
                 body: "ValidationError".into(),
             }),
         };
-        assert!(dashboard(400).is_persistent() && !dashboard(400).is_worth_an_event());
-        assert!(!dashboard(503).is_persistent() && !dashboard(404).is_persistent());
+        for refused in [400, 401, 403] {
+            assert!(dashboard(refused).is_persistent() && !dashboard(refused).is_worth_an_event());
+        }
+        for passing in [404, 500, 503] {
+            assert!(!dashboard(passing).is_persistent(), "{passing}");
+        }
+        let secret = |code: u16| DashboardFailure::TokenSecret {
+            namespace: "ml".into(),
+            secret: "llm-abcde".into(),
+            source: kube::Error::Api(
+                kube::core::Status {
+                    code,
+                    ..kube::core::Status::failure("secrets is forbidden", "Forbidden")
+                }
+                .boxed(),
+            ),
+        };
+        assert!(secret(403).is_refusal() && !secret(503).is_refusal() && !secret(429).is_refusal());
+        let missing = DashboardFailure::TokenMissing {
+            namespace: "ml".into(),
+            secret: "llm-abcde".into(),
+        };
+        assert!(missing.is_refusal());
+        assert!(!DashboardFailure::TimedOut(std::time::Duration::from_secs(2)).is_refusal());
         // A hung pass is retried soon, but a person should know it hung.
         assert!(!Error::PassPanicked.is_persistent());
         assert!(Error::PassPanicked.is_worth_an_event());

@@ -51,6 +51,8 @@ struct Seen {
     head_pod: Option<Pod>,
     serve: Option<ServeStatus>,
     dashboard_error: Option<String>,
+    /// The dashboard call was refused, and would be again (`DashboardFailure::is_refusal`).
+    dashboard_refused: bool,
 }
 
 /// A pass never takes this long (its dashboard calls time out in seconds, its API calls answer in milliseconds),
@@ -89,9 +91,6 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     // Inside kube-runtime's span, which names the trigger: what held the reconcile slots, and how long.
     let ms = Timestamp::now().duration_since(started).as_millis();
     tracing::debug!(target: "rayshift::pass", %started, ms, next = ?result.as_ref().ok(), "pass ended");
-    if result.is_ok() {
-        ctx.retries.succeeded(&cached.uid().unwrap_or_default());
-    }
     // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
         ctx.metrics
@@ -113,11 +112,14 @@ where
 async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
     // This pass runs it: the health timer hands it back only if the pass ends settled.
     ctx.health.forget(&ObjectRef::from_obj(cached));
+    let uid = cached.uid().unwrap_or_default();
     let Some(rs) = current(cached, ctx).await? else {
+        ctx.retries.succeeded(&uid);
         return Ok(Action::await_change());
     };
     let previous = rs.status.clone().unwrap_or_default();
     if let Some(held) = held(&rs, ctx, &previous).await? {
+        ctx.retries.succeeded(&uid);
         return Ok(held);
     }
     let now = Timestamp::now();
@@ -127,6 +129,10 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
     confirm_clusters(&rs, ctx, &seen, &decision).await?;
     let applied = apply(&rs, ctx, &previous, &seen, &decision).await?;
     let settled = settle_status(&rs, ctx, &previous, &seen, &decision, now).await?;
+    if seen.dashboard_refused() {
+        return Ok(Action::requeue(refused_wake(ctx, &uid, &seen, &decision, now)));
+    }
+    ctx.retries.succeeded(&uid);
     let next = next_wake(ctx, &seen, &decision, &applied, &settled, now);
     Ok(Action::requeue(watch_health(
         &rs, ctx, &seen, &decision, &applied, next,
@@ -288,6 +294,10 @@ impl Observation {
     fn dashboard_problem(&self) -> Option<String> {
         self.clusters.values().find_map(|s| s.dashboard_error.clone())
     }
+
+    fn dashboard_refused(&self) -> bool {
+        self.clusters.values().any(|s| s.dashboard_refused)
+    }
 }
 
 async fn observe(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses) -> Result<Observation> {
@@ -353,13 +363,13 @@ async fn confirm_clusters(
 /// One cluster's head and, when it is active or pending and its head is ready, its Serve status.
 async fn observe_cluster(ctx: &Context, ns: &str, cluster: RayCluster, watched: bool) -> Result<Seen> {
     let (head_ready, head_message, head_pod) = head_health(ctx, ns, &cluster).await?;
-    let (serve, dashboard_error) = if watched && head_ready {
+    let (serve, dashboard_error, dashboard_refused) = if watched && head_ready {
         match ctx.dashboard.status(&Target::of(&cluster)).await {
-            Ok(s) => (Some(s), None),
-            Err(e) => (None, Some(e.to_string())),
+            Ok(s) => (Some(s), None, false),
+            Err(e) => (None, Some(e.to_string()), e.is_persistent()),
         }
     } else {
-        (None, None)
+        (None, None, false)
     };
     Ok(Seen {
         cluster,
@@ -368,6 +378,7 @@ async fn observe_cluster(ctx: &Context, ns: &str, cluster: RayCluster, watched: 
         head_pod,
         serve,
         dashboard_error,
+        dashboard_refused,
     })
 }
 
@@ -650,10 +661,34 @@ fn next_wake(
         next = next.min(ctx.options.serve_poll_interval);
     }
     if let Some(at) = decision.wake_at {
-        let secs = at.duration_since(now).as_secs_f64().max(0.05);
-        next = next.min(Duration::from_secs_f64(secs));
+        next = next.min(until(at, now));
     }
     next
+}
+
+/// When to ask a dashboard that refused the call again: asked again, Ray (or RBAC) refuses again, so this
+/// RayService backs off as a refused write does. A scheduled deletion or the initializing deadline still falls due
+/// on time, and a cluster serving beside the refusing one is still looked at every health period.
+fn refused_wake(
+    ctx: &Context,
+    uid: &str,
+    seen: &Observation,
+    decision: &Decision,
+    now: Timestamp,
+) -> Duration {
+    let mut next = ctx.retries.failed(uid, true);
+    if seen.clusters.values().any(|s| s.serve.is_some()) {
+        next = next.min(ctx.options.serve_health_interval);
+    }
+    if let Some(at) = decision.wake_at {
+        next = next.min(until(at, now));
+    }
+    next
+}
+
+/// How long from `now` to `at`, at least a moment.
+fn until(at: Timestamp, now: Timestamp) -> Duration {
+    Duration::from_secs_f64(at.duration_since(now).as_secs_f64().max(0.05))
 }
 
 pub fn validation_config(options: &ControllerOptions) -> ValidationConfig {

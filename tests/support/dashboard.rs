@@ -17,7 +17,7 @@ use axum::{
     Router,
     body::Bytes,
     extract::{Path, State},
-    http::StatusCode,
+    http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::get,
 };
@@ -49,6 +49,12 @@ pub struct ClusterState {
     pub refuse_puts: bool,
     /// PUTs refused so far.
     pub refused_puts: usize,
+    /// Refuse every Serve API call as Ray 2.52+'s token auth refuses a wrong token: 403 when the call carries one
+    /// (`x-ray-authorization`), 401 when it carries none.
+    pub refuse_tokens: bool,
+    /// Calls refused so, and how many of those carried a token.
+    pub refused_tokens: usize,
+    pub refused_with_token: usize,
 }
 
 /// A dashboard that answers, but not well.
@@ -210,7 +216,34 @@ async fn healthz(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(Stri
     }
 }
 
-async fn get_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(String, String)>) -> Response {
+/// Ray 2.60's answers when its token auth refuses a call (`http_server_head.py`).
+fn token_refusal(d: &FakeDashboard, ns: &str, cluster: &str, headers: &HeaderMap) -> Option<Response> {
+    let carried = headers.contains_key("x-ray-authorization");
+    d.with(ns, cluster, |s| {
+        if !s.refuse_tokens {
+            return None;
+        }
+        s.refused_tokens += 1;
+        s.refused_with_token += usize::from(carried);
+        Some(match carried {
+            true => (StatusCode::FORBIDDEN, "Forbidden: Invalid authentication token").into_response(),
+            false => (
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized: Missing authentication token",
+            )
+                .into_response(),
+        })
+    })
+}
+
+async fn get_apps(
+    State(d): State<FakeDashboard>,
+    Path((ns, cluster)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(refused) = token_refusal(&d, &ns, &cluster, &headers) {
+        return refused;
+    }
     let (body, fault, gets) = d.with(&ns, &cluster, |s| {
         s.gets += 1;
         ((!s.down).then(|| status_body(s)), s.fault, s.gets)
@@ -251,8 +284,12 @@ async fn get_apps(State(d): State<FakeDashboard>, Path((ns, cluster)): Path<(Str
 async fn put_apps(
     State(d): State<FakeDashboard>,
     Path((ns, cluster)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Some(refused) = token_refusal(&d, &ns, &cluster, &headers) {
+        return refused;
+    }
     let Ok(config) = serde_json::from_slice::<Value>(&body) else {
         return (StatusCode::BAD_REQUEST, "invalid JSON").into_response();
     };
