@@ -1085,8 +1085,12 @@ async fn a_dashboard_that_refuses_the_token_is_asked_again_with_backoff() {
     env.create(rs).await;
     let first = env.first_event("DashboardUnreachable").await;
     let note = first["note"].as_str().unwrap_or_default();
+    // The Event says which Secret's token the head refused (KubeRay names it after the cluster).
+    let cluster = env.dashboard.clusters(&env.ns).pop().unwrap_or_default();
     assert!(
-        note.contains("403") && note.contains("Invalid authentication token"),
+        note.contains("403")
+            && note.contains("Invalid authentication token")
+            && note.contains(&format!("sent the token of Secret {}/{cluster}", env.ns)),
         "{note}"
     );
     let refused = || {

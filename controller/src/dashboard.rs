@@ -356,8 +356,13 @@ impl Dashboard {
                 }
             }
         }
-        let failure = Box::new(last.expect("at least one attempt was made"));
-        Err(Error::Dashboard { url, failure })
+        let failure = last
+            .expect("at least one attempt was made")
+            .naming_token(&target.namespace, target.token_secret.as_deref());
+        Err(Error::Dashboard {
+            url,
+            failure: Box::new(failure),
+        })
     }
 
     /// The token `target` wants, from the cache or its Secret; `None` when it wants none.

@@ -29,13 +29,46 @@ pub enum DashboardFailure {
         "the auth token Secret {namespace}/{secret} (authOptions.mode is token) does not exist or has no key auth_token"
     )]
     TokenMissing { namespace: String, secret: String },
+    /// A 401 or 403, with the token that was sent, so a person reading the Event knows which Secret to look at.
+    #[error("{status}: {body} ({})", match secret {
+        Some(secret) => format!("sent the token of Secret {namespace}/{secret}, authOptions.mode is token"),
+        None => "sent no token: the RayCluster's authOptions.mode is not token".to_string(),
+    })]
+    Unauthorized {
+        status: reqwest::StatusCode,
+        body: String,
+        namespace: String,
+        secret: Option<String>,
+    },
 }
 
 impl DashboardFailure {
     /// Ray refused the request's token (401: none, 403: another one), as token auth answers.
     pub fn is_unauthorized(&self) -> bool {
-        matches!(self, DashboardFailure::Status { status, .. }
-            if matches!(status.as_u16(), 401 | 403))
+        match self {
+            DashboardFailure::Status { status, .. } => matches!(status.as_u16(), 401 | 403),
+            DashboardFailure::Unauthorized { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// A 401 or 403 to a call with a token, and a 401 to one without, name the token (`Unauthorized`). A 403 to
+    /// a call without one is not Ray's token auth (which answers 401 then) but, say, RBAC through the apiserver's
+    /// proxy: left as it is, as is anything else.
+    pub fn naming_token(self, namespace: &str, secret: Option<&str>) -> Self {
+        match self {
+            DashboardFailure::Status { status, body }
+                if status.as_u16() == 401 || (status.as_u16() == 403 && secret.is_some()) =>
+            {
+                DashboardFailure::Unauthorized {
+                    status,
+                    body,
+                    namespace: namespace.to_string(),
+                    secret: secret.map(str::to_string),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Asked the same way, it is refused the same way until someone changes something: Ray refused the config
@@ -49,7 +82,7 @@ impl DashboardFailure {
                 source: kube::Error::Api(s),
                 ..
             } => matches!(s.code, 401 | 403),
-            DashboardFailure::TokenMissing { .. } => true,
+            DashboardFailure::TokenMissing { .. } | DashboardFailure::Unauthorized { .. } => true,
             _ => false,
         }
     }
@@ -254,6 +287,38 @@ mod tests {
             secret: "llm-abcde".into(),
         };
         assert!(missing.is_refusal());
+        let refused = |code: u16, secret: Option<&str>| {
+            DashboardFailure::Status {
+                status: reqwest::StatusCode::from_u16(code).unwrap(),
+                body: match code {
+                    401 => "Unauthorized: Missing authentication token".into(),
+                    _ => "Forbidden: Invalid authentication token".into(),
+                },
+            }
+            .naming_token("ml", secret)
+        };
+        let named = refused(403, Some("llm-abcde"));
+        assert!(named.is_refusal() && named.is_unauthorized());
+        assert_eq!(
+            named.to_string(),
+            "403 Forbidden: Forbidden: Invalid authentication token (sent the token of Secret ml/llm-abcde, \
+             authOptions.mode is token)"
+        );
+        assert!(
+            refused(401, None)
+                .to_string()
+                .ends_with("(sent no token: the RayCluster's authOptions.mode is not token)")
+        );
+        // Not Ray's token auth: RBAC's 403 through the apiserver's proxy, to a call without a token.
+        assert!(matches!(refused(403, None), DashboardFailure::Status { .. }));
+        let unavailable = DashboardFailure::Status {
+            status: reqwest::StatusCode::SERVICE_UNAVAILABLE,
+            body: "dashboard down".into(),
+        };
+        assert!(matches!(
+            unavailable.naming_token("ml", None),
+            DashboardFailure::Status { .. }
+        ));
         assert!(!DashboardFailure::TimedOut(std::time::Duration::from_secs(2)).is_refusal());
         // A hung pass is retried soon, but a person should know it hung.
         assert!(!Error::PassPanicked.is_persistent());

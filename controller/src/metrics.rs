@@ -260,8 +260,8 @@ impl Health {
             )?,
             failing: r.add(prometheus::IntGauge::new(
                 "rayshift_rayservices_failing",
-                "RayServices whose last reconcile pass failed; they are retried, with backoff when the failure \
-                 persists (a refused write, a spec rayshift cannot act on).",
+                "RayServices whose last reconcile pass failed, or whose Ray dashboard refused it; they are retried, \
+                 with backoff when the failure persists (a refused write or token, a spec rayshift cannot act on).",
             )?)?,
             api_writes: r.counters(
                 "rayshift_kubernetes_writes_total",
