@@ -652,18 +652,11 @@ async fn dashboard_down_is_a_condition_and_an_event_then_recovers() {
             .any(|(r, n)| r == "DashboardUnreachable" && n.contains("503")),
         "{events:?}"
     );
-    let gets = env
-        .dashboard
-        .clusters(&env.ns)
-        .iter()
-        .map(|c| env.dashboard.get(&env.ns, c).gets)
-        .sum::<usize>();
+    let gets = env.dashboard.sum_in(&env.ns, |s| s.gets);
     assert!(gets >= 2, "retried");
     // The dashboard's error counter (each failed attempt) is what its panel shows.
     assert!(env.controller.counter_sum("rayshift_ray_dashboard_errors_total") >= 2.0);
-    for c in env.dashboard.clusters(&env.ns) {
-        env.dashboard.with(&env.ns, &c, |s| s.down = false);
-    }
+    env.dashboard.with_each(&env.ns, |s| s.down = false);
     env.ready("llm").await;
     let mut controller = env.controller;
     assert!(controller.alive(), "no crash");
@@ -1093,22 +1086,11 @@ async fn a_dashboard_that_refuses_the_token_is_asked_again_with_backoff() {
             && note.contains(&format!("sent the token of Secret {}/{cluster}", env.ns)),
         "{note}"
     );
-    let refused = || {
-        env.dashboard
-            .clusters(&env.ns)
-            .iter()
-            .map(|c| env.dashboard.get(&env.ns, c).refused_tokens as f64)
-            .sum::<f64>()
-    };
+    let refused = || env.dashboard.sum_in(&env.ns, |s| s.refused_tokens) as f64;
     env.assert_attempts_back_off("refused Serve status reads", refused)
         .await;
     env.events_of("DashboardUnreachable");
-    let carried: usize = env
-        .dashboard
-        .clusters(&env.ns)
-        .iter()
-        .map(|c| env.dashboard.get(&env.ns, c).refused_with_token)
-        .sum();
+    let carried = env.dashboard.sum_in(&env.ns, |s| s.refused_with_token);
     assert_eq!(
         carried as f64,
         refused(),
@@ -1125,9 +1107,7 @@ async fn a_dashboard_that_refuses_the_token_is_asked_again_with_backoff() {
 
     // The head takes the token again (say it restarted with the Secret's): the next retry, at most 40 s away
     // by now, finds it.
-    for c in env.dashboard.clusters(&env.ns) {
-        env.dashboard.with(&env.ns, &c, |s| s.refuse_tokens = false);
-    }
+    env.dashboard.with_each(&env.ns, |s| s.refuse_tokens = false);
     env.eventually("Ready after the backoff", 90, || async {
         let rs = env.get("llm").await;
         condition(&rs, "Ready")
@@ -1160,13 +1140,7 @@ async fn a_serve_config_ray_refuses_backs_off_until_the_spec_changes() {
         note.contains("400") && note.contains("validation error for ServeDeploySchema"),
         "{note}"
     );
-    let refused = || {
-        env.dashboard
-            .clusters(&env.ns)
-            .iter()
-            .map(|c| env.dashboard.get(&env.ns, c).refused_puts as f64)
-            .sum::<f64>()
-    };
+    let refused = || env.dashboard.sum_in(&env.ns, |s| s.refused_puts) as f64;
     env.assert_backs_off("refused PUTs", refused, "FailedToUpdateServeApplications")
         .await;
     let reconcile_failed = env
@@ -1182,9 +1156,7 @@ async fn a_serve_config_ray_refuses_backs_off_until_the_spec_changes() {
     assert_eq!(env.controller.counter_sum("rayshift_rayservices_failing"), 1.0);
 
     // The user corrects the config: the change runs a pass at once, whatever the backoff.
-    for c in env.dashboard.clusters(&env.ns) {
-        env.dashboard.with(&env.ns, &c, |s| s.refuse_puts = false);
-    }
+    env.dashboard.with_each(&env.ns, |s| s.refuse_puts = false);
     let fixed = json!({"spec": {"serveConfigV2": "applications:\n  - name: llm\n    import_path: serve_llm:app\n    route_prefix: /\n    deployments:\n      - name: LLM\n        num_replicas: 1\n"}});
     env.rayservices()
         .patch("llm", &PatchParams::default(), &Patch::Merge(&fixed))

@@ -51,7 +51,7 @@ struct Seen {
     head_pod: Option<Pod>,
     serve: Option<ServeStatus>,
     dashboard_error: Option<String>,
-    /// The dashboard call was refused, and would be again (`DashboardFailure::is_refusal`).
+    /// The Serve status read was refused, and would be again (`Error::is_persistent`).
     dashboard_refused: bool,
 }
 

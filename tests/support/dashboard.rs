@@ -123,6 +123,23 @@ impl FakeDashboard {
             .collect()
     }
 
+    /// `count` summed over the clusters seen in `ns`.
+    pub fn sum_in(&self, ns: &str, count: impl Fn(&ClusterState) -> usize) -> usize {
+        let map = self.state.lock().unwrap();
+        map.iter()
+            .filter(|((n, _), _)| n == ns)
+            .map(|(_, s)| count(s))
+            .sum()
+    }
+
+    /// Changes every cluster seen in `ns`.
+    pub fn with_each(&self, ns: &str, change: impl Fn(&mut ClusterState)) {
+        let mut map = self.state.lock().unwrap();
+        map.iter_mut()
+            .filter(|((n, _), _)| n == ns)
+            .for_each(|(_, s)| change(s));
+    }
+
     pub fn get(&self, ns: &str, cluster: &str) -> ClusterState {
         self.with(ns, cluster, |s| s.clone())
     }
