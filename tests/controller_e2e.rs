@@ -330,6 +330,51 @@ async fn first_deployment_becomes_ready() {
     assert!(described.contains("Created RayCluster"), "{described}");
 }
 
+/// The Services as KubeRay builds them (`BuildServiceForHeadPod`, `BuildServeService`): `serviceType` types both,
+/// a `headService` is the head Service's base. A head with no Serve port gets an Event that says so, not a
+/// serve Service the apiserver refuses for having no port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_follow_the_head_group_and_a_missing_serve_port_is_named() {
+    let env = Env::new("services").await;
+    let mut typed = rayservice("typed", None, "ray:1");
+    let head = &mut typed["spec"]["rayClusterConfig"]["headGroupSpec"];
+    head["serviceType"] = json!("NodePort");
+    head["headService"] = json!({"metadata": {"annotations": {"lb.example/internal": "true"}},
+        "spec": {"externalTrafficPolicy": "Local"}});
+    env.create(typed).await;
+    let mut portless = rayservice("portless", None, "ray:1");
+    portless["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"] =
+        json!([{"name": "dashboard", "containerPort": 8265}]);
+    env.create(portless).await;
+
+    env.ready("typed").await;
+    let head = env.services().get("typed-head-svc").await.unwrap();
+    let spec = head.spec.clone().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("NodePort"), "{head:#?}");
+    assert_eq!(spec.external_traffic_policy.as_deref(), Some("Local"));
+    assert_ne!(spec.cluster_ip.as_deref(), Some("None"), "not headless");
+    assert_eq!(head.annotations()["lb.example/internal"], "true");
+    let serve = env.services().get("typed-serve-svc").await.unwrap();
+    assert_eq!(serve.spec.unwrap().type_.as_deref(), Some("NodePort"));
+
+    let failed = env.first_event("ReconcileFailed").await;
+    let note = failed["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("no Serve port") && note.contains("'serve'"),
+        "{note}"
+    );
+    assert_eq!(failed["regarding"]["name"], "portless");
+    assert!(
+        env.services()
+            .get_opt("portless-serve-svc")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let rs = env.get("portless").await;
+    assert_ne!(condition(&rs, "Ready").map(|c| c.0), Some("True".into()));
+}
+
 /// A restarted controller (or a new leader) reads the Serve config a cluster runs from the cluster: no second
 /// PUT and no `UpdatedServeApplications` event for a config that did not change; a changed one is pushed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -383,6 +383,16 @@ async fn pause_resume_and_promote() {
     })
     .await;
     let held = env.levels().await;
+    // Both clusters serve through the route, so both count in numServeEndpoints (as KubeRay counts them).
+    let old = active(&env.get().await).expect("an active cluster");
+    let counted = env
+        .eventually("numServeEndpoints counts both clusters", 20, || async {
+            let (a, p) = (env.serving_pods(&old).await, env.serving_pods(&new).await);
+            let counted = env.get().await.status?.num_serve_endpoints?;
+            (p > 0 && counted == a + p).then_some((counted, a, p))
+        })
+        .await;
+    println!("numServeEndpoints while paused: {counted:?} (total, active, pending)");
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(env.levels().await, held, "nothing moves while paused");
     // Promote: the remaining steps without waiting the 2 s intervals.

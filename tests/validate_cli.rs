@@ -312,7 +312,7 @@ fn default_flags_override_the_config_file() {
 /// `--kuberay-version` picks the release whose defaults the rules follow: KubeRay 1.7 turns the incremental
 /// gate on, 1.5 and 1.6 leave it off, and an explicit `--feature-gates` wins over either.
 #[test]
-fn the_kuberay_version_sets_the_incremental_gates_default() {
+fn the_kuberay_version_sets_the_gates_defaults() {
     let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validate/feature-gate-off.yaml");
     let f = f.to_str().unwrap();
     let code = |extra: &[&str]| {
@@ -332,6 +332,17 @@ fn the_kuberay_version_sets_the_incremental_gates_default() {
         ]),
         Some(1)
     );
+    // KubeRay 1.6 turned RayJobDeletionPolicy on: a suspended worker group without the autoscaler is allowed.
+    let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validate/rc-worker-suspend-gate.yaml");
+    let suspend = |extra: &[&str]| {
+        let mut args = vec!["validate", "-f", f.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        rayshift(&args).status.code()
+    };
+    assert_eq!(suspend(&[]), Some(0), "1.6 by default: the gate is on");
+    assert_eq!(suspend(&["--kuberay-version", "1.7"]), Some(0));
+    assert_eq!(suspend(&["--kuberay-version", "1.5"]), Some(1));
+    let f = f.to_str().unwrap();
     let bad = rayshift(&["validate", "-f", f, "--kuberay-version", "1.4"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unsupported KubeRay version 1.4"));

@@ -8,16 +8,31 @@ use std::{
 
 use crate::error::{Error, FeatureGateError};
 
-/// Gates rayshift understands, with their defaults. The incremental-upgrade gate is off by default, as in
-/// KubeRay v1.5.1 where the feature was alpha.
+/// Gates rayshift understands: every gate of KubeRay 1.5 to 1.7, so that an operator's flags can be copied.
+/// The defaults are KubeRay v1.5.1's (the seeds' release); `for_kuberay` moves them to a later release's.
 pub const KNOWN_GATES: &[(&str, bool)] = &[
     (RAY_SERVICE_INCREMENTAL_UPGRADE, false),
     ("RayClusterStatusConditions", true),
-    ("RayJobDeletionPolicy", false),
+    (RAY_JOB_DELETION_POLICY, false),
+    (RAY_MULTI_HOST_INDEXING, false),
+    ("RayCronJob", false),
+    ("AsyncJobInfoQuery", false),
+    ("SidecarSubmitterRestart", false),
+    ("KubernetesWAS", false),
     ("GCSFaultToleranceEmbeddedStorage", false),
     ("RayClusterHistoryServer", false),
     ("RayClusterNetworkPolicy", false),
     ("RayClusterMTLS", false),
+];
+
+const RAY_JOB_DELETION_POLICY: &str = "RayJobDeletionPolicy";
+const RAY_MULTI_HOST_INDEXING: &str = "RayMultiHostIndexing";
+
+/// Gates whose default changed after v1.5.1, with the first release that turns them on.
+const TURNED_ON_IN: &[(&str, KubeRayVersion)] = &[
+    (RAY_JOB_DELETION_POLICY, KubeRayVersion::V1_6),
+    (RAY_MULTI_HOST_INDEXING, KubeRayVersion::V1_6),
+    (RAY_SERVICE_INCREMENTAL_UPGRADE, KubeRayVersion::V1_7),
 ];
 
 pub const RAY_SERVICE_INCREMENTAL_UPGRADE: &str = "RayServiceIncrementalUpgrade";
@@ -97,9 +112,10 @@ impl FeatureGates {
 
     /// These gates with `version`'s defaults for every gate not named explicitly.
     pub fn for_kuberay(mut self, version: KubeRayVersion) -> Self {
-        let incremental = version >= KubeRayVersion::V1_7;
-        if !self.explicit.contains(RAY_SERVICE_INCREMENTAL_UPGRADE) {
-            self.enabled.insert(RAY_SERVICE_INCREMENTAL_UPGRADE, incremental);
+        for (gate, since) in TURNED_ON_IN {
+            if !self.explicit.contains(gate) {
+                self.enabled.insert(gate, version >= *since);
+            }
         }
         self
     }
@@ -159,6 +175,24 @@ mod version_tests {
         assert!(on.for_kuberay(KubeRayVersion::V1_5).incremental_upgrade());
         assert!("1.4".parse::<KubeRayVersion>().is_err());
         assert!("2.0".parse::<KubeRayVersion>().is_err());
+    }
+
+    /// KubeRay v1.6.0 made RayJobDeletionPolicy and RayMultiHostIndexing beta and on by default.
+    #[test]
+    fn kuberay_1_6_turns_the_job_deletion_and_multi_host_gates_on() {
+        let gates = |v: &str, flags: &str| {
+            let g: FeatureGates = flags.parse().unwrap();
+            g.for_kuberay(v.parse().unwrap())
+        };
+        for gate in [RAY_JOB_DELETION_POLICY, RAY_MULTI_HOST_INDEXING] {
+            assert!(!gates("1.5", "").enabled(gate), "{gate} in 1.5");
+            assert!(gates("1.6", "").enabled(gate), "{gate} in 1.6");
+            assert!(gates("1.7", "").enabled(gate), "{gate} in 1.7");
+            assert!(!gates("1.6", &format!("{gate}=false")).enabled(gate));
+            assert!(gates("1.5", &format!("{gate}=true")).enabled(gate));
+        }
+        assert!(!gates("1.6", "").enabled("RayCronJob"));
+        assert!(gates("1.6", "KubernetesWAS=true,AsyncJobInfoQuery=true").enabled("KubernetesWAS"));
     }
 }
 

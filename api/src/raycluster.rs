@@ -357,6 +357,12 @@ fn kuberay_object_name(name: &str) -> String {
     }
 }
 
+/// Whether a head container port carries Ray Serve traffic: `serve`, or `serve-*` such as `serve-grpc`
+/// (KubeRay's naming rule for the serve Service's ports).
+pub fn is_serving_port(name: &str) -> bool {
+    name == "serve" || name.starts_with("serve-")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,6 +39,7 @@ const POD_SPEC: Kept = Kept::Keys(&[
 const CONTAINER: Kept = Kept::Keys(&[
     ("name", Kept::All),
     ("env", Kept::All),
+    ("ports", Kept::All),
     ("resources", Kept::All),
     ("volumeMounts", Kept::All),
 ]);
@@ -225,7 +226,8 @@ mod tests {
                     "name": "ray-head",
                     "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}],
                     "resources": {"limits": {"nvidia.com/gpu": 1}},
-                    "volumeMounts": [{"name": "logs", "mountPath": "/tmp/ray"}]
+                    "volumeMounts": [{"name": "logs", "mountPath": "/tmp/ray"}],
+                    "ports": [{"name": "serve", "containerPort": 8000}]
                 }]
             }
         });

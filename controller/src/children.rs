@@ -141,10 +141,10 @@ pub fn ray_cluster(
     })
 }
 
-/// Ports of the Ray head container: `(name, port)`.
+/// Ports of the Ray head container: `(name, port)`; KubeRay's defaults when it declares none.
 fn head_ports(rs: &RayService) -> Vec<(String, i64)> {
     let template = &rs.spec.ray_cluster_config.head_group_spec.template;
-    template
+    let declared: Vec<(String, i64)> = template
         .ray_container()
         .map(|c| {
             c.ports()
@@ -152,7 +152,14 @@ fn head_ports(rs: &RayService) -> Vec<(String, i64)> {
                 .map(|(n, p)| (n.map_or_else(|| format!("{p}-port"), str::to_string), p))
                 .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if !declared.is_empty() {
+        return declared;
+    }
+    DEFAULT_HEAD_PORTS
+        .iter()
+        .map(|(n, p)| (n.to_string(), *p))
+        .collect()
 }
 
 /// Port named `serve` of the head container (KubeRay's default 8000).
@@ -163,67 +170,119 @@ pub fn serve_port(rs: &RayService) -> i64 {
         .map_or(8000, |(_, p)| p)
 }
 
-/// `<rs>-head-svc`, selecting the head Pod of `cluster`.
+/// The head container's Serve ports (`serve`, `serve-*`), which the serve Services expose.
+pub fn serving_ports(rs: &RayService) -> Vec<(String, i64)> {
+    head_ports(rs)
+        .into_iter()
+        .filter(|(n, _)| n == "serve" || n.starts_with("serve-"))
+        .collect()
+}
+
+/// `headGroupSpec.serviceType`, which KubeRay gives both Services (empty: the API's default, ClusterIP).
+fn service_type(rs: &RayService) -> &str {
+    let head = &rs.spec.ray_cluster_config.head_group_spec;
+    head.service_type.as_deref().unwrap_or_default()
+}
+
+/// `<rs>-head-svc`, selecting the head Pod of `cluster`. A `headService` is the base, as in KubeRay: its
+/// annotations and spec stay, the selector is rayshift's, the head's ports are added (the user's win a clash),
+/// and the type is filled in when empty. Without one the Service is headless unless a type is asked for.
 pub fn head_service(rs: &RayService, cluster: &str) -> Value {
     let rs_name = rs.name_any();
     let mut ports = head_ports(rs);
-    if ports.is_empty() {
-        ports = DEFAULT_HEAD_PORTS
-            .iter()
-            .map(|(n, p)| (n.to_string(), *p))
-            .collect();
-    }
     if !ports.iter().any(|(n, _)| n == "metrics") {
         ports.push(("metrics".into(), 8080));
     }
     ports.sort();
-    let head = &rs.spec.ray_cluster_config.head_group_spec;
-    let service_type = head.service_type.clone().unwrap_or_default();
-    let headless = service_type.is_empty() || service_type == "ClusterIP";
     let mut labels = association_labels(&rs_name);
     labels.insert(NODE_TYPE_LABEL.into(), "head".into());
     labels.insert("ray.io/identifier".into(), format!("{rs_name}-head"));
-    let mut spec = json!({
-        "selector": {CLUSTER_LABEL: cluster, NODE_TYPE_LABEL: "head"},
-        "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p, "targetPort": p, "protocol": "TCP", "appProtocol": "tcp"})).collect::<Vec<_>>(),
-    });
-    if headless {
-        spec["clusterIP"] = json!("None");
-        spec["publishNotReadyAddresses"] = json!(true);
-    } else {
-        spec["type"] = json!(service_type);
-    }
-    service(rs, &head_service_name(&rs_name), labels, spec)
+    let selector = json!({CLUSTER_LABEL: cluster, NODE_TYPE_LABEL: "head"});
+    let ports: Vec<Value> = (ports.iter())
+        .map(|(n, p)| json!({"name": n, "port": p, "targetPort": p, "protocol": "TCP", "appProtocol": "tcp"}))
+        .collect();
+    let head = &rs.spec.ray_cluster_config.head_group_spec;
+    let Some(template) = head.head_service.as_ref().filter(|t| t.is_object()) else {
+        let mut spec = json!({"selector": selector, "ports": ports});
+        match service_type(rs) {
+            "" | "ClusterIP" => {
+                spec["clusterIP"] = json!("None");
+                spec["publishNotReadyAddresses"] = json!(true);
+            }
+            other => spec["type"] = json!(other),
+        }
+        return service(rs, &head_service_name(&rs_name), labels, spec);
+    };
+    let mut spec = template.get("spec").cloned().unwrap_or_else(|| json!({}));
+    spec["selector"] = selector;
+    spec["ports"] = Value::Array(merge_ports(template, ports));
+    based_on(rs, template, &head_service_name(&rs_name), labels, spec)
 }
 
 /// The serve Service, selecting the serving Pods of `cluster`; the user's `serveService` is the base.
-pub fn serve_service(rs: &RayService, cluster: &str) -> Value {
+/// `None` when it would have no port: the head declares no Serve port and `serveService` none either.
+pub fn serve_service(rs: &RayService, cluster: &str) -> Option<Value> {
+    with_ports(serve_service_body(rs, cluster))
+}
+
+/// A Service only if it has a port, since the apiserver refuses one without (unless headless).
+fn with_ports(svc: Value) -> Option<Value> {
+    let ports = svc.pointer("/spec/ports").and_then(Value::as_array);
+    ports.is_some_and(|p| !p.is_empty()).then_some(svc)
+}
+
+fn serve_service_body(rs: &RayService, cluster: &str) -> Value {
     let rs_name = rs.name_any();
     let template = rs.spec.serve_service.clone().unwrap_or_else(|| json!({}));
-    let mut ports: Vec<Value> = head_ports(rs)
-        .into_iter()
-        .filter(|(n, _)| n == "serve" || n.starts_with("serve-"))
+    let ports = (serving_ports(rs).into_iter())
         .map(|(n, p)| json!({"name": n, "port": p, "targetPort": p, "protocol": "TCP"}))
         .collect();
-    // On a name clash the user's port wins (keeps appProtocol); the user's other ports are kept too.
-    if let Some(user) = template.pointer("/spec/ports").and_then(Value::as_array) {
-        ports.retain(|p| !user.iter().any(|u| u.get("name") == p.get("name")));
-        ports.extend(user.iter().cloned());
-    }
-    let mut labels: BTreeMap<String, String> = template
-        .pointer("/metadata/labels")
-        .and_then(|l| serde_json::from_value(l.clone()).ok())
-        .unwrap_or_default();
-    labels.extend(association_labels(&rs_name));
+    let mut labels = association_labels(&rs_name);
     labels.insert(SERVE_LABEL.into(), format!("{rs_name}-serve"));
     let mut spec = template.get("spec").cloned().unwrap_or_else(|| json!({}));
     spec["selector"] = json!({CLUSTER_LABEL: cluster, SERVE_LABEL: "true"});
-    // Server-side apply keys Service ports by (port, protocol): the protocol must be explicit.
+    spec["ports"] = Value::Array(merge_ports(&template, ports));
+    based_on(rs, &template, &serve_service_name(rs), labels, spec)
+}
+
+/// The user's ports of a Service template, then `ours` that clash with none of them by name or port: on a clash
+/// the user's port wins (it keeps its appProtocol). Server-side apply keys Service ports by (port, protocol),
+/// so the protocol is made explicit.
+fn merge_ports(template: &Value, ours: Vec<Value>) -> Vec<Value> {
+    let user: Vec<Value> = (template.pointer("/spec/ports").and_then(Value::as_array))
+        .cloned()
+        .unwrap_or_default();
+    let clashes =
+        |p: &Value| (user.iter()).any(|u| u.get("name") == p.get("name") || u.get("port") == p.get("port"));
+    let mut ports = user.clone();
+    ports.extend(ours.into_iter().filter(|p| !clashes(p)));
     for p in ports.iter_mut().filter(|p| p.get("protocol").is_none()) {
         p["protocol"] = json!("TCP");
     }
-    spec["ports"] = Value::Array(ports);
-    let mut svc = service(rs, &serve_service_name(rs), labels, spec);
+    ports
+}
+
+/// A Service from a user's template: its labels under rayshift's, its annotations, and
+/// `headGroupSpec.serviceType` when it names no type.
+fn based_on(
+    rs: &RayService,
+    template: &Value,
+    name: &str,
+    ours: BTreeMap<String, String>,
+    mut spec: Value,
+) -> Value {
+    let mut labels: BTreeMap<String, String> = (template.pointer("/metadata/labels"))
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
+        .unwrap_or_default();
+    labels.extend(ours);
+    let typed = spec
+        .get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| !t.is_empty());
+    if !typed && !service_type(rs).is_empty() {
+        spec["type"] = json!(service_type(rs));
+    }
+    let mut svc = service(rs, name, labels, spec);
     if let Some(annotations) = template
         .pointer("/metadata/annotations")
         .filter(|a| a.is_object())
@@ -284,10 +343,10 @@ pub fn cluster_serve_service_name(cluster: &str) -> String {
     format!("{cluster}-serve-svc")
 }
 
-/// One cluster's serve Service, owned by that cluster so it goes with it.
-pub fn cluster_serve_service(rs: &RayService, cluster: &RayCluster) -> Value {
+/// One cluster's serve Service, owned by that cluster so it goes with it (`None` without a port, as above).
+pub fn cluster_serve_service(rs: &RayService, cluster: &RayCluster) -> Option<Value> {
     let name = cluster.metadata.name.clone().unwrap_or_default();
-    let mut body = serve_service(rs, &name);
+    let mut body = serve_service_body(rs, &name);
     body["metadata"]["name"] = json!(cluster_serve_service_name(&name));
     body["metadata"]["ownerReferences"] = json!([{
         "apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name,
@@ -298,7 +357,7 @@ pub fn cluster_serve_service(rs: &RayService, cluster: &RayCluster) -> Value {
     if let Some(port) = grpc_port(rs) {
         add_grpc_port(&mut body, port);
     }
-    body
+    with_ports(body)
 }
 
 /// Serve's gRPC port on a serve Service, as HTTP/2 cleartext (`kubernetes.io/h2c`) so that a Gateway speaks
@@ -559,12 +618,92 @@ mod tests {
             .map(|p| p["name"].as_str().unwrap())
             .collect();
         assert_eq!(names, vec!["9999-port", "dashboard", "metrics", "serve"]);
-        let serve = serve_service(&rs(), "llm-bcdfg");
+        let serve = serve_service(&rs(), "llm-bcdfg").unwrap();
         assert_eq!(serve["metadata"]["name"], "custom-serve");
         assert_eq!(serve["spec"]["selector"][SERVE_LABEL], "true");
         assert_eq!(
             serve["spec"]["ports"][0]["appProtocol"], "http",
             "the user's port wins"
+        );
+    }
+
+    /// KubeRay's `BuildServiceForHeadPod` and `BuildServeService`: `serviceType` types both Services, and a
+    /// `headService` is the head Service's base.
+    #[test]
+    fn services_take_the_service_type_and_the_head_service_template() {
+        let mut rs = rs();
+        let head = &mut rs.spec.ray_cluster_config.head_group_spec;
+        head.service_type = Some("NodePort".into());
+        head.head_service = Some(json!({
+            "metadata": {"annotations": {"lb.example/internal": "true"}, "labels": {"team": "ml"}},
+            "spec": {"loadBalancerSourceRanges": ["10.0.0.0/8"], "externalTrafficPolicy": "Local",
+                     "selector": {"app": "mine"}, "ports": [{"name": "dash", "port": 8265}]}}));
+        let svc = head_service(&rs, "llm-bcdfg");
+        assert_eq!(svc["spec"]["type"], "NodePort");
+        assert!(svc["spec"].get("clusterIP").is_none(), "not headless");
+        assert_eq!(svc["metadata"]["annotations"]["lb.example/internal"], "true");
+        assert_eq!(svc["metadata"]["labels"]["team"], "ml");
+        assert_eq!(svc["metadata"]["labels"][ORIGINATED_FROM_CR_NAME], "llm");
+        assert_eq!(svc["spec"]["externalTrafficPolicy"], "Local");
+        assert_eq!(svc["spec"]["loadBalancerSourceRanges"][0], "10.0.0.0/8");
+        assert_eq!(
+            svc["spec"]["selector"],
+            json!({CLUSTER_LABEL: "llm-bcdfg", NODE_TYPE_LABEL: "head"})
+        );
+        let ports: Vec<(&str, i64)> = (svc["spec"]["ports"].as_array().unwrap().iter())
+            .map(|p| (p["name"].as_str().unwrap(), p["port"].as_i64().unwrap()))
+            .collect();
+        let want = [
+            ("dash", 8265),
+            ("9999-port", 9999),
+            ("metrics", 8080),
+            ("serve", 8000),
+        ];
+        assert_eq!(ports, want, "the user's port wins the clash on 8265");
+        assert_eq!(
+            serve_service(&rs, "llm-bcdfg").unwrap()["spec"]["type"],
+            "NodePort"
+        );
+        assert_eq!(
+            cluster_serve_service(&rs, &cluster("llm-a")).unwrap()["spec"]["type"],
+            "NodePort"
+        );
+        rs.spec.serve_service.as_mut().unwrap()["spec"]["type"] = json!("LoadBalancer");
+        assert_eq!(
+            serve_service(&rs, "llm-bcdfg").unwrap()["spec"]["type"],
+            "LoadBalancer"
+        );
+        rs.spec.ray_cluster_config.head_group_spec.service_type = Some("ClusterIP".into());
+        rs.spec.ray_cluster_config.head_group_spec.head_service = None;
+        assert_eq!(head_service(&rs, "llm-bcdfg")["spec"]["clusterIP"], "None");
+    }
+
+    /// A head that declares no port gets KubeRay's defaults, `serve: 8000` among them; one that declares ports
+    /// but no Serve port gets no serve Service, which the apiserver would refuse with no ports.
+    #[test]
+    fn serve_ports_default_to_8000_and_are_never_empty() {
+        let mut rs = rs();
+        rs.spec.serve_service = None;
+        let ports = |rs: &mut RayService, ports: Value| {
+            let head = &mut rs.spec.ray_cluster_config.head_group_spec.template;
+            let mut t = serde_json::to_value(&*head).unwrap();
+            t["spec"]["containers"][0]["ports"] = ports;
+            *head = serde_json::from_value(t).unwrap();
+        };
+        ports(&mut rs, json!([]));
+        let serve = serve_service(&rs, "llm-a").unwrap();
+        assert_eq!(
+            serve["spec"]["ports"],
+            json!([{"name": "serve", "port": 8000, "targetPort": 8000, "protocol": "TCP"}])
+        );
+        ports(&mut rs, json!([{"name": "dashboard", "containerPort": 8265}]));
+        assert_eq!(serve_service(&rs, "llm-a"), None);
+        assert_eq!(cluster_serve_service(&rs, &cluster("llm-a")), None);
+        rs.spec.serve_service = Some(json!({"spec": {"ports": [{"name": "http", "port": 8000}]}}));
+        let serve = serve_service(&rs, "llm-a").unwrap();
+        assert_eq!(
+            serve["spec"]["ports"][0]["name"], "http",
+            "the user's own ports suffice"
         );
     }
 
@@ -707,7 +846,7 @@ mod tests {
             http["spec"]["parentRefs"][0]["sectionName"], HTTP_LISTENER,
             "HTTP stays off the gRPC listener"
         );
-        let svc = cluster_serve_service(&rs, &cluster("llm-a"));
+        let svc = cluster_serve_service(&rs, &cluster("llm-a")).unwrap();
         let grpc = svc["spec"]["ports"]
             .as_array()
             .unwrap()
@@ -728,7 +867,7 @@ mod tests {
         assert_eq!(gw["spec"]["listeners"].as_array().unwrap().len(), 1);
         let http = serde_json::to_value(http_route(&rs, "ns", &Attachment::Owned, &[])).unwrap();
         assert!(http["spec"]["parentRefs"][0].get("sectionName").is_none());
-        let svc = cluster_serve_service(&rs, &cluster("llm-a"));
+        let svc = cluster_serve_service(&rs, &cluster("llm-a")).unwrap();
         assert!(
             !svc["spec"]["ports"]
                 .as_array()

@@ -118,6 +118,11 @@ pub enum Error {
     AdoptedRuleMissing { route: String, rule: Option<String> },
     #[error("the HTTPRoute {route} changed between the read and the patch of its backendRefs: read again")]
     RouteChanged { route: String },
+    #[error(
+        "no Serve port: name a port of the Ray head container 'serve' (or 'serve-*', e.g. 'serve-grpc'), or give \
+         spec.serveService ports; without one the Kubernetes Service for Ray Serve cannot be created"
+    )]
+    NoServePort,
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error(
@@ -178,6 +183,7 @@ impl Error {
             Error::ServeConfig(_)
             | Error::ServeConfigNotAMapping
             | Error::UnusableUpgradeOptions
+            | Error::NoServePort
             | Error::GatewayAttachment(_) => true,
             _ => false,
         }
@@ -204,7 +210,10 @@ impl Error {
             Error::ServeConfig(_) | Error::ServeConfigNotAMapping | Error::UnknownServeConfig { .. } => {
                 "serve_config"
             }
-            Error::UnusableUpgradeOptions | Error::GatewayAttachment(_) | Error::LeaseTiming(_) => "invalid",
+            Error::UnusableUpgradeOptions
+            | Error::NoServePort
+            | Error::GatewayAttachment(_)
+            | Error::LeaseTiming(_) => "invalid",
             Error::AdoptedRouteMissing { .. } | Error::AdoptedRuleMissing { .. } => "gateway",
             Error::Metrics(_) => "metrics",
             Error::NotLeader => "not_leader",

@@ -403,7 +403,7 @@ async fn set_capacity(p: &Pass<'_>, cluster: &RayCluster, percent: i32) -> Resul
 }
 
 async fn apply_cluster_serve_service(p: &Pass<'_>, cluster: &RayCluster) -> Result<()> {
-    let body = children::cluster_serve_service(p.rs, cluster);
+    let body = children::cluster_serve_service(p.rs, cluster).ok_or(Error::NoServePort)?;
     context::apply_child::<k8s_openapi::api::core::v1::Service>(p.ctx, p.ns, body).await
 }
 

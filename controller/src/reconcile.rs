@@ -419,7 +419,8 @@ async fn apply(
         apply_child::<Service>(ctx, &ns, children::head_service(rs, target)).await?;
         // Incremental mode routes through the Gateway to per-cluster serve Services instead.
         if !seen.incremental {
-            apply_child::<Service>(ctx, &ns, children::serve_service(rs, target)).await?;
+            let serve = children::serve_service(rs, target).ok_or(Error::NoServePort)?;
+            apply_child::<Service>(ctx, &ns, serve).await?;
         }
     }
     // Clusters no longer active or pending need neither their config record nor their health count.
@@ -549,10 +550,15 @@ async fn lifecycle_status(
     ns: &str,
     s: &Settling<'_>,
 ) -> Result<RayServiceStatuses> {
-    let endpoints = match &s.decision.serve_target {
-        Some(t) => serve_endpoints(&ctx.client, ns, t).await?,
-        None => 0,
-    };
+    // Incremental mode serves from both clusters through the route: KubeRay counts the pending one's too.
+    let pending = (s.seen.incremental && s.decision.serve_target.is_some())
+        .then_some(s.decision.pending.as_ref())
+        .flatten()
+        .filter(|p| Some(*p) != s.decision.serve_target.as_ref());
+    let mut endpoints = 0;
+    for cluster in [s.decision.serve_target.as_ref(), pending].into_iter().flatten() {
+        endpoints += serve_endpoints(&ctx.client, ns, cluster).await?;
+    }
     let views = (s.seen.clusters.iter())
         .map(|(name, c)| (name.clone(), cluster_view(c)))
         .collect();

@@ -254,8 +254,9 @@ pub struct GateArgs {
     /// Feature gates, Kubernetes syntax: RayServiceIncrementalUpgrade=true|false.
     #[arg(long, value_parser = parse_gates, default_value = "", env = "RAYSHIFT_FEATURE_GATES")]
     feature_gates: FeatureGates,
-    /// KubeRay release whose semantics the rules follow where releases differ (1.5, 1.6 or 1.7): with 1.7,
-    /// RayServiceIncrementalUpgrade is on unless --feature-gates says otherwise.
+    /// KubeRay release whose semantics the rules follow where releases differ (1.5, 1.6 or 1.7), and whose
+    /// gate defaults apply unless --feature-gates names the gate: RayJobDeletionPolicy and RayMultiHostIndexing
+    /// are on from 1.6, RayServiceIncrementalUpgrade from 1.7.
     #[arg(long, value_parser = parse_kuberay_version, default_value = "1.6", env = "RAYSHIFT_KUBERAY_VERSION")]
     kuberay_version: rayshift_api::KubeRayVersion,
 }

@@ -5,9 +5,10 @@
 use std::{future::Future, time::Duration};
 
 use gateway_api::httproutes::HttpRoute;
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, Resource,
-    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
 };
 use rayshift_api::RayService;
 use serde_json::{Value, json};
@@ -196,6 +197,18 @@ impl Env {
             l(s.active_service_status.as_ref()),
             l(s.pending_service_status.as_ref()),
         )
+    }
+
+    /// Ready Pods of `cluster` that its serve Service selects (`ray.io/serve=true`).
+    pub async fn serving_pods(&self, cluster: &str) -> i32 {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let selector = format!("ray.io/cluster={cluster},ray.io/serve=true");
+        let list = pods.list(&ListParams::default().labels(&selector)).await.unwrap();
+        let ready = |p: &Pod| {
+            let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+            conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        };
+        list.items.iter().filter(|p| ready(p)).count() as i32
     }
 
     /// Waits until the pending cluster carries at least `percent` of the traffic.

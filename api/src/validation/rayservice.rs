@@ -15,6 +15,7 @@ use crate::{
     feature_gates::RAY_SERVICE_INCREMENTAL_UPGRADE,
     gateway_attachment::{Attachment, HTTP_ROUTE_ANNOTATION},
     lifecycle::initializing::INITIALIZING_TIMEOUT_ANNOTATION as INITIALIZING_TIMEOUT,
+    raycluster::is_serving_port,
     rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
     serve_grpc::grpc_port_in,
     slo::{self, SLO_CHECKS_ANNOTATION},
@@ -353,6 +354,7 @@ fn spec(rs: &RayService, v: &mut Verdict) {
             "spec.rayClusterConfig.headGroupSpec.headService.metadata.name should not be set",
         ));
     }
+    serve_ports(rs, v);
     if let Some(delay) = spec.ray_cluster_deletion_delay_seconds.filter(|d| *d < 0) {
         v.error(FieldError::invalid(
             "spec.rayClusterDeletionDelaySeconds",
@@ -381,6 +383,34 @@ fn spec(rs: &RayService, v: &mut Verdict) {
         if set {
             v.warn(field, "deprecated-field", "deprecated and ignored");
         }
+    }
+}
+
+/// A head container that declares ports but no Serve port leaves nothing for the serve Service to expose:
+/// KubeRay then never creates it and rayshift cannot either (with no ports at all, both use `serve: 8000`).
+fn serve_ports(rs: &RayService, v: &mut Verdict) {
+    let Some(ray) = rs
+        .spec
+        .ray_cluster_config
+        .head_group_spec
+        .template
+        .ray_container()
+    else {
+        return;
+    };
+    let ports = ray.ports();
+    let user_ports = (rs.spec.serve_service.as_ref())
+        .and_then(|s| s.pointer("/spec/ports"))
+        .and_then(Value::as_array)
+        .is_some_and(|p| !p.is_empty());
+    let serving = ports.iter().any(|(n, _)| n.is_some_and(is_serving_port));
+    if !ports.is_empty() && !serving && !user_ports {
+        v.warn(
+            format!("{}.template.spec.containers[0].ports", path::HEAD),
+            "no-serve-port",
+            "Please specify a port named 'serve' (or with the prefix 'serve-', e.g. 'serve-grpc') in the Ray head \
+             container; otherwise, the Kubernetes service for Ray Serve will not be created.",
+        );
     }
 }
 
