@@ -375,6 +375,39 @@ async fn services_follow_the_head_group_and_a_missing_serve_port_is_named() {
     assert_ne!(condition(&rs, "Ready").map(|c| c.0), Some("True".into()));
 }
 
+/// The dashboard is asked on the head's port named `dashboard` (`{dashboardPort}`, in the default URL template
+/// too), as KubeRay's client reads it off the head Service. Cluster DNS does not resolve here, so the fake
+/// dashboard stands for every head and the template puts the port where the fake sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_is_asked_on_the_heads_dashboard_port() {
+    let cp = control_plane_with_kuberay();
+    let client = cp.client().await;
+    let ns = cp.namespace(&client, "dashport").await;
+    let dashboard = FakeDashboard::start().await;
+    let base = dashboard.url_template();
+    let template = format!("--dashboard-url-template={base}-{{dashboardPort}}");
+    let health = format!("--serve-health-url-template={base}/-/healthz");
+    let controller = ControllerProcess::start(cp, &ns, &base, &[&template, &health]);
+    let env = Env {
+        cp,
+        client,
+        ns,
+        dashboard,
+        kuberay: None,
+        controller,
+    };
+    let mut rs = rayservice("llm", None, "ray:1");
+    rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"] =
+        json!([{"name": "dashboard", "containerPort": 8266}, {"name": "serve", "containerPort": 8000}]);
+    env.create(rs).await;
+    let rs = env.ready("llm").await;
+    let active = active(&rs).expect("an active cluster");
+    let asked = env.dashboard.get(&env.ns, &format!("{active}-8266"));
+    assert_eq!(asked.puts.len(), 1, "the Serve config went to port 8266");
+    assert!(asked.gets > 0);
+    assert_eq!(env.dashboard.get(&env.ns, &format!("{active}-8265")).gets, 0);
+}
+
 /// A restarted controller (or a new leader) reads the Serve config a cluster runs from the cluster: no second
 /// PUT and no `UpdatedServeApplications` event for a config that did not change; a changed one is pushed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

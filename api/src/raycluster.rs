@@ -331,6 +331,16 @@ impl RayClusterSpec {
         self.enable_in_tree_autoscaling == Some(true)
     }
 
+    /// The port of the head container named `dashboard`, which KubeRay's dashboard client reads off the head
+    /// Service; Ray's default 8265 when the head names none.
+    pub fn dashboard_port(&self) -> i64 {
+        let ray = self.head_group_spec.template.ray_container();
+        let ports = ray.map(|c| c.ports()).unwrap_or_default();
+        (ports.into_iter())
+            .find(|(name, _)| *name == Some("dashboard"))
+            .map_or(DEFAULT_DASHBOARD_PORT, |(_, port)| port)
+    }
+
     /// The Secret whose `auth_token` a token-auth cluster's dashboard wants (`authOptions.mode: token`):
     /// `authOptions.secretName`, else the one KubeRay's operator creates for the cluster. `None`: no token.
     /// KubeRay 1.6's dashboard client reads the same Secret (token auth came in KubeRay 1.5.1).
@@ -356,6 +366,8 @@ fn kuberay_object_name(name: &str) -> String {
         _ => tail.to_string(),
     }
 }
+
+pub const DEFAULT_DASHBOARD_PORT: i64 = 8265;
 
 /// Whether a head container port carries Ray Serve traffic: `serve`, or `serve-*` such as `serve-grpc`
 /// (KubeRay's naming rule for the serve Service's ports).

@@ -23,7 +23,8 @@ use crate::{
     waiting::{self, Waiting},
 };
 
-pub const DEFAULT_URL_TEMPLATE: &str = "http://{cluster}-head-svc.{namespace}.svc.cluster.local:8265";
+pub const DEFAULT_URL_TEMPLATE: &str =
+    "http://{cluster}-head-svc.{namespace}.svc.cluster.local:{dashboardPort}";
 /// The Serve proxy's health check on a head Pod, as KubeRay probes it.
 pub const DEFAULT_HEALTH_URL_TEMPLATE: &str = "http://{podIP}:{port}/-/healthz";
 const APPLICATIONS: &str = "api/serve/applications/";
@@ -68,6 +69,8 @@ pub struct Target {
     pub namespace: String,
     pub cluster: String,
     pub token_secret: Option<String>,
+    /// The head's port named `dashboard` (`{dashboardPort}` in the URL template).
+    pub dashboard_port: i64,
 }
 
 impl Target {
@@ -82,6 +85,7 @@ impl Target {
         Self {
             namespace: cluster.namespace().unwrap_or_default(),
             token_secret: cluster.spec.auth_token_secret(&name),
+            dashboard_port: cluster.spec.dashboard_port(),
             cluster: name,
         }
     }
@@ -237,10 +241,11 @@ impl Dashboard {
     }
 
     /// The base URL of a cluster's dashboard (template route) ending in `/`.
-    pub fn base_url(template: &str, namespace: &str, cluster: &str) -> String {
+    pub fn base_url(template: &str, target: &Target) -> String {
         let url = template
-            .replace("{cluster}", cluster)
-            .replace("{namespace}", namespace);
+            .replace("{cluster}", &target.cluster)
+            .replace("{namespace}", &target.namespace)
+            .replace("{dashboardPort}", &target.dashboard_port.to_string());
         if url.ends_with('/') {
             url
         } else {
@@ -248,10 +253,11 @@ impl Dashboard {
         }
     }
 
-    fn where_(&self, namespace: &str, cluster: &str) -> String {
+    fn where_(&self, target: &Target) -> String {
         match &self.route {
-            Route::Template(t) => Self::base_url(t, namespace, cluster),
+            Route::Template(t) => Self::base_url(t, target),
             Route::KubernetesProxy => {
+                let (namespace, cluster) = (&target.namespace, &target.cluster);
                 format!("/api/v1/namespaces/{namespace}/services/{cluster}-head-svc:dashboard/proxy/")
             }
         }
@@ -263,7 +269,7 @@ impl Dashboard {
             .call(http::Method::GET, target, "?api_type=declarative", None)
             .await?;
         serde_json::from_slice(&body).map_err(|e| Error::Dashboard {
-            url: self.where_(&target.namespace, &target.cluster),
+            url: self.where_(target),
             failure: Box::new(DashboardFailure::Json(e)),
         })
     }
@@ -317,10 +323,7 @@ impl Dashboard {
         query: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Vec<u8>> {
-        let url = format!(
-            "{}{APPLICATIONS}{query}",
-            self.where_(&target.namespace, &target.cluster)
-        );
+        let url = format!("{}{APPLICATIONS}{query}", self.where_(target));
         let token = self.token(target).await.map_err(|failure| Error::Dashboard {
             url: url.clone(),
             failure: Box::new(failure),
@@ -504,6 +507,7 @@ pub fn serve_config_json(text: &str, target_capacity: Option<i32>) -> Result<Val
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// What kube 4.2 makes of Ray's 400 through the proxy (a body that is not a Status) and of the apiserver's
     /// own 503 when the Service has no endpoint.
@@ -535,13 +539,25 @@ mod tests {
 
     #[test]
     fn url_template_with_and_without_path_prefix() {
+        let cluster = |ports: Value| -> rayshift_api::RayCluster {
+            serde_json::from_value(json!({"metadata": {"name": "rs-abcde", "namespace": "ns"}, "spec": {
+                "headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "ports": ports}]}}}}}))
+            .unwrap()
+        };
+        let default = Target::of(&cluster(json!([])));
         assert_eq!(
-            Dashboard::base_url(DEFAULT_URL_TEMPLATE, "ns", "rs-abcde"),
+            Dashboard::base_url(DEFAULT_URL_TEMPLATE, &default),
             "http://rs-abcde-head-svc.ns.svc.cluster.local:8265/"
         );
+        let moved = Target::of(&cluster(json!([{"name": "dashboard", "containerPort": 8266}])));
         assert_eq!(
-            Dashboard::base_url("http://127.0.0.1:9000/ray/{namespace}/{cluster}", "ns", "c"),
-            "http://127.0.0.1:9000/ray/ns/c/"
+            Dashboard::base_url(DEFAULT_URL_TEMPLATE, &moved),
+            "http://rs-abcde-head-svc.ns.svc.cluster.local:8266/",
+            "the head's port named dashboard, as KubeRay reads it"
+        );
+        assert_eq!(
+            Dashboard::base_url("http://127.0.0.1:9000/ray/{namespace}/{cluster}", &default),
+            "http://127.0.0.1:9000/ray/ns/rs-abcde/"
         );
     }
 
@@ -722,6 +738,7 @@ mod tests {
             namespace: "ns".into(),
             cluster: "c".into(),
             token_secret: Some("c".into()),
+            dashboard_port: 8265,
         };
         let key = ("ns".to_string(), "c".to_string());
         let now = Instant::now();

@@ -216,6 +216,7 @@ mod tests {
                 namespace: "ns".into(),
                 cluster: cluster.into(),
                 token_secret: None,
+                dashboard_port: 8265,
             },
             serve: ServeStatus::default(),
             proxy: None,

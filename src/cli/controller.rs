@@ -39,7 +39,8 @@ pub struct ControllerArgs {
     /// manifests/components/reconcile on KubeRay's CRD).
     #[arg(long, value_enum, default_value_t = ModeArg::Observe)]
     mode: ModeArg,
-    /// Ray dashboard URL; {cluster} and {namespace} are filled in. A path prefix works.
+    /// Ray dashboard URL; {cluster}, {namespace} and {dashboardPort} (the head's port named dashboard, else
+    /// 8265) are filled in. A path prefix works.
     #[arg(long, default_value = dashboard::DEFAULT_URL_TEMPLATE)]
     dashboard_url_template: String,
     /// Health check of a head Pod's Serve proxy (it joins the serve Service only while healthy); {podIP},

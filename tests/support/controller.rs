@@ -56,7 +56,7 @@ impl ControllerProcess {
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(namespace)
-            .args(["--dashboard-url-template", dashboard_template])
+            .args(unless_given("--dashboard-url-template", dashboard_template))
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
             .args(["--log-format", "plain"])
             .args(unless_given("--serve-poll-interval-seconds", "0.3"))
