@@ -634,6 +634,19 @@ async fn the_head_serves_only_while_its_serve_proxy_is_healthy() {
 async fn none_strategy_updates_the_cluster_in_place() {
     let env = Env::new("inplace").await;
     env.create(rayservice("llm", Some("None"), "ray:1")).await;
+    updates_in_place(&env).await;
+}
+
+/// KubeRay's `ENABLE_ZERO_DOWNTIME=false`: a RayService that names no upgrade type is updated as with None.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_zero_downtime_an_unset_strategy_updates_in_place() {
+    let env = Env::with("nozerodt", |_| {}, &["--enable-zero-downtime=FALSE"]).await;
+    env.create(rayservice("llm", None, "ray:1")).await;
+    updates_in_place(&env).await;
+}
+
+/// Changes the worker image of `llm`, which runs one cluster: the cluster takes it, no new cluster is built.
+async fn updates_in_place(env: &Env) {
     let cluster = active(&env.ready("llm").await).unwrap();
     let patch = json!({"spec": {"rayClusterConfig": {"workerGroupSpecs": [{"groupName": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 2,
         "template": {"spec": {"containers": [{"name": "ray-worker", "image": "ray:2"}]}}}]}}});

@@ -235,8 +235,15 @@ pub struct ServeDeploymentStatus {
 impl RayServiceSpec {
     /// The strategy in force: `NewCluster` when unset. `None` for an unknown value (validation denies it).
     pub fn upgrade_type(&self) -> Option<UpgradeType> {
+        self.upgrade_type_with(true)
+    }
+
+    /// The strategy in force under KubeRay's operator setting `ENABLE_ZERO_DOWNTIME`: when it is off, an unset
+    /// type means no new cluster (`None`); a type the RayService names is kept.
+    pub fn upgrade_type_with(&self, zero_downtime: bool) -> Option<UpgradeType> {
         match self.upgrade_strategy.as_ref().and_then(|s| s.type_.as_deref()) {
-            None => Some(UpgradeType::NewCluster),
+            None if zero_downtime => Some(UpgradeType::NewCluster),
+            None => Some(UpgradeType::None),
             Some(t) => UpgradeType::parse(t),
         }
     }
@@ -248,5 +255,29 @@ impl RayServiceSpec {
     pub fn deletion_delay_seconds(&self) -> i32 {
         self.ray_cluster_deletion_delay_seconds
             .unwrap_or(DEFAULT_DELETION_DELAY_SECONDS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_zero_downtime_an_unset_type_is_none() {
+        let spec = |strategy: serde_json::Value| -> RayServiceSpec {
+            serde_json::from_value(
+                serde_json::json!({"upgradeStrategy": strategy, "rayClusterConfig": {"headGroupSpec": {}}}),
+            )
+            .unwrap()
+        };
+        let unset = spec(serde_json::json!({}));
+        assert_eq!(unset.upgrade_type(), Some(UpgradeType::NewCluster));
+        assert_eq!(unset.upgrade_type_with(false), Some(UpgradeType::None));
+        let named = spec(serde_json::json!({"type": "NewCluster"}));
+        assert_eq!(
+            named.upgrade_type_with(false),
+            Some(UpgradeType::NewCluster),
+            "a named type is kept"
+        );
     }
 }

@@ -78,6 +78,8 @@ pub struct ControllerOptions {
     pub prometheus_url: Option<String>,
     /// ResourceAware pacing of RayServices without `rayshift.io/resource-aware`.
     pub resource_aware: rayshift_api::upgrade_control::ResourceAwareMode,
+    /// KubeRay's `ENABLE_ZERO_DOWNTIME`: off, a RayService with no upgrade type gets no new cluster.
+    pub zero_downtime: bool,
 }
 
 /// A pass mostly waits on the apiserver and dashboards, so a few per core keep two cores busy; unbounded,
@@ -103,6 +105,7 @@ impl Default for ControllerOptions {
             concurrency: DEFAULT_CONCURRENCY,
             prometheus_url: None,
             resource_aware: Default::default(),
+            zero_downtime: true,
         }
     }
 }

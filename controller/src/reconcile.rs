@@ -125,7 +125,7 @@ async fn pass(cached: &RayService, ctx: &Context) -> Result<Action> {
     let now = Timestamp::now();
     let mut seen = observe(&rs, ctx, &previous).await?;
     adopt_kuberay_clusters(&rs, ctx, &seen.goal.clone(), &mut seen.clusters).await?;
-    let decision = lifecycle::decide(&seen.facts(&rs, &previous, now));
+    let decision = lifecycle::decide(&seen.facts(&rs, ctx, &previous, now));
     confirm_clusters(&rs, ctx, &seen, &decision).await?;
     let applied = apply(&rs, ctx, &previous, &seen, &decision).await?;
     let settled = settle_status(&rs, ctx, &previous, &seen, &decision, now).await?;
@@ -262,9 +262,13 @@ struct Observation {
 }
 
 impl Observation {
-    fn facts(&self, rs: &RayService, previous: &RayServiceStatuses, now: Timestamp) -> Facts {
+    fn facts(&self, rs: &RayService, ctx: &Context, previous: &RayServiceStatuses, now: Timestamp) -> Facts {
+        let zero_downtime = ctx.options.zero_downtime;
         Facts {
-            strategy: rs.spec.upgrade_type().unwrap_or(UpgradeType::NewCluster),
+            strategy: rs
+                .spec
+                .upgrade_type_with(zero_downtime)
+                .unwrap_or(UpgradeType::NewCluster),
             goal: self.goal.clone(),
             active: self.active.clone(),
             pending: self.pending.clone(),

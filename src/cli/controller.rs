@@ -63,6 +63,11 @@ pub struct ControllerArgs {
     /// lack of a resource) or always.
     #[arg(long, default_value = "never", value_parser = resource_aware_mode)]
     resource_aware: ResourceAwareMode,
+    /// KubeRay's operator setting of the same name: false makes a RayService with no upgradeStrategy.type
+    /// update its cluster in place (None) instead of building a new one. As in KubeRay, only "false" (any
+    /// case) turns it off.
+    #[arg(long, env = "ENABLE_ZERO_DOWNTIME", default_value = "true", value_parser = zero_downtime, action = clap::ArgAction::Set)]
+    enable_zero_downtime: bool,
     /// Timeout of one Ray dashboard request.
     #[arg(long, default_value = "2", value_parser = duration_at_least(0.1))]
     dashboard_timeout_seconds: Duration,
@@ -127,6 +132,7 @@ impl ControllerArgs {
             concurrency: self.concurrency,
             prometheus_url: self.prometheus_url.clone(),
             resource_aware: self.resource_aware,
+            zero_downtime: self.enable_zero_downtime,
             ..ControllerOptions::default()
         }
     }
@@ -287,6 +293,26 @@ fn http_url(s: &str) -> Result<String, String> {
     }
 }
 
+/// KubeRay's reading of `ENABLE_ZERO_DOWNTIME`: only "false", in any case, turns it off.
+fn zero_downtime(s: &str) -> Result<bool, String> {
+    Ok(!s.trim().eq_ignore_ascii_case("false"))
+}
+
 fn resource_aware_mode(s: &str) -> Result<ResourceAwareMode, String> {
     ResourceAwareMode::parse(s).ok_or_else(|| format!("{s:?} is not never, on-stall or always"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::zero_downtime;
+
+    #[test]
+    fn only_false_turns_zero_downtime_off() {
+        for off in ["false", "FALSE", "False"] {
+            assert_eq!(zero_downtime(off), Ok(false), "{off}");
+        }
+        for on in ["true", "0", "no", "off", ""] {
+            assert_eq!(zero_downtime(on), Ok(true), "{on}: KubeRay reads only \"false\"");
+        }
+    }
 }
