@@ -23,7 +23,7 @@ use support::{
     dashboard::Fault,
     incremental::{self, Env, head},
     observer::Observer,
-    status::{active, cluster_names, condition, pending},
+    status::{active, cluster_names, condition, condition_message, pending},
     traefik,
 };
 
@@ -306,11 +306,16 @@ async fn reverting_the_spec_rolls_back_step_by_step() {
     env.pending_traffic_at_least(25, 30).await;
     // Back to the original spec.
     env.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:1")]}}}}}})).await;
-    env.eventually("RollbackInProgress", 20, || async {
-        let rs = env.get().await;
-        (condition(&rs, "RollbackInProgress").map(|c| c.0).as_deref() == Some("True")).then_some(())
-    })
-    .await;
+    let message = env
+        .eventually("RollbackInProgress", 20, || async {
+            let (status, message) = condition_message(&env.get().await, "RollbackInProgress")?;
+            (status == "True").then_some(message)
+        })
+        .await;
+    assert_eq!(
+        message, "Goal state reverted to original cluster, rolling back.",
+        "KubeRay's words for A→B→A"
+    );
     env.eventually("rollback complete", 60, || async {
         let rs = env.get().await;
         (pending(&rs).is_none() && condition(&rs, "RollbackInProgress").is_none()).then_some(rs)
@@ -358,6 +363,16 @@ async fn a_third_spec_mid_upgrade_rolls_back_then_upgrades_to_it() {
     let b = env.upgrade_to("ray:2").await;
     env.pending_traffic_at_least(25, 30).await;
     env.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:3")]}}}}}})).await;
+    let message = env
+        .eventually("RollbackInProgress", 20, || async {
+            let (status, message) = condition_message(&env.get().await, "RollbackInProgress")?;
+            (status == "True").then_some(message)
+        })
+        .await;
+    assert_eq!(
+        message,
+        "Goal state changed mid-upgrade, rolling back to original cluster."
+    );
     let c = env
         .eventually("a new pending cluster C after the rollback", 90, || async {
             pending(&env.get().await).filter(|p| p != &b)

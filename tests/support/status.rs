@@ -45,6 +45,13 @@ pub fn condition(rs: &RayService, type_: &str) -> Option<(String, String)> {
         .map(|c| (c.status.clone(), c.reason.clone()))
 }
 
+/// A condition's status and message.
+pub fn condition_message(rs: &RayService, type_: &str) -> Option<(String, String)> {
+    let conditions = rs.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == type_)?;
+    Some((c.status.clone(), c.message.clone()))
+}
+
 /// The `Progressing` condition's reason and message.
 pub fn progressing(rs: &RayService) -> Option<(String, String)> {
     let conditions = rs.status.as_ref()?.conditions.as_ref()?;

@@ -363,7 +363,9 @@ fn steer(
             .push(Notice::warning(abort.reason.as_str(), "Reconcile", note));
     }
     let direction = d.status.progress.direction(pending_runs_goal);
-    set_rollback_condition(&mut d.status, direction, s, now);
+    let reverted =
+        seen.active.as_ref().and_then(|a| a.spec_digest.as_deref()) == Some(s.goal_digest.as_str());
+    set_rollback_condition(&mut d.status, direction, reverted, s, now);
     if was_paused(&d.status) && s.control != Control::Pause {
         let note = "Incremental upgrade resumed: rayshift.io/upgrade-control no longer says pause";
         d.notices
@@ -658,9 +660,12 @@ fn merge_conditions(
     status.conditions = Some(conditions::merge(&old, wanted, drop, s.generation, &Time(now)));
 }
 
+/// RollbackInProgress with KubeRay's two messages: the spec went back to the active cluster's (A→B→A), or
+/// on to a third one that comes after the rollback.
 fn set_rollback_condition(
     status: &mut RayServiceStatuses,
     direction: Direction,
+    reverted: bool,
     s: &Settings,
     now: Timestamp,
 ) {
@@ -670,6 +675,10 @@ fn set_rollback_condition(
     }
     let (reason, message) = match &status.progress.upgrade_abort {
         Some(a) => (a.reason.as_str(), a.message.clone()),
+        None if reverted => (
+            "DesiredClusterSpecChanged",
+            "Goal state reverted to original cluster, rolling back.".to_string(),
+        ),
         None => (
             "DesiredClusterSpecChanged",
             "Goal state changed mid-upgrade, rolling back to original cluster.".to_string(),

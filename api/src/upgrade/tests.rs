@@ -1427,3 +1427,41 @@ fn resource_aware_waits_for_a_reachable_pending_cluster_before_the_dip() {
         }
     );
 }
+
+/// KubeRay's two rollback messages: the spec went back to the active cluster's, or on to a third.
+#[test]
+fn the_rollback_condition_says_whether_the_spec_went_back_or_on() {
+    use crate::upgrade_control::Control;
+    let message = |active_digest: &str| {
+        let mut seen = both_ready();
+        seen.active.as_mut().unwrap().spec_digest = Some(active_digest.into());
+        seen.pending.as_mut().unwrap().spec_digest = Some("b".into());
+        // Mid-upgrade, at 50/50.
+        let mut status = upgrade_status();
+        for side in [
+            &mut status.active_service_status,
+            &mut status.pending_service_status,
+        ] {
+            let side = side.as_mut().unwrap();
+            (side.target_capacity, side.traffic_routed_percent) = (Some(50), Some(50));
+        }
+        let d = decide(&seen, &status, &decide_settings(Control::Run), t(100));
+        let mut conditions = d.status.conditions.iter().flatten();
+        let c = conditions
+            .find(|c| c.type_ == crate::conditions::ROLLBACK_IN_PROGRESS)
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "DesiredClusterSpecChanged")
+        );
+        c.message.clone()
+    };
+    assert_eq!(
+        message("goal"),
+        "Goal state reverted to original cluster, rolling back."
+    );
+    assert_eq!(
+        message("a"),
+        "Goal state changed mid-upgrade, rolling back to original cluster."
+    );
+}
