@@ -16,7 +16,10 @@ use crate::{
     gateway_attachment::{Attachment, HTTP_ROUTE_ANNOTATION},
     lifecycle::initializing::INITIALIZING_TIMEOUT_ANNOTATION as INITIALIZING_TIMEOUT,
     raycluster::is_serving_port,
-    rayservice::{ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, UpgradeStrategy, UpgradeType},
+    rayservice::{
+        ClusterUpgradeOptions, DEFAULT_MAX_SURGE_PERCENT, KUBERAY_MANAGER, MULTIKUEUE_MANAGER,
+        UpgradeStrategy, UpgradeType,
+    },
     serve_grpc::grpc_port_in,
     slo::{self, SLO_CHECKS_ANNOTATION},
     upgrade_control::{self, DRAIN_ANNOTATION, PROGRESS_DEADLINE_ANNOTATION},
@@ -104,6 +107,7 @@ pub fn validate(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationCo
     let annotations = new.metadata.annotations.as_ref().unwrap_or(&empty);
     metadata(new, annotations, &mut v);
     managed_by(new, old, cfg, &mut v);
+    suspend(new, &mut v);
     spec(new, &mut v);
     raycluster::validate_cluster_spec(&new.spec.ray_cluster_config, annotations, cfg, &mut v);
     upgrade_strategy(new, cfg, &mut v);
@@ -324,6 +328,21 @@ fn managed_by(new: &RayService, old: Option<&StoredObject>, cfg: &ValidationConf
             format!("'{before}' no longer manages this RayService: KubeRay's RayService controller takes it back"),
         ),
         _ => {}
+    }
+}
+
+/// KubeRay 1.7's `spec.suspend` deletes a RayService's clusters; rayshift does not act on it, so a RayService
+/// rayshift runs would keep its GPUs while its owner thinks it gave them back.
+fn suspend(rs: &RayService, v: &mut Verdict) {
+    let kuberay = [KUBERAY_MANAGER, MULTIKUEUE_MANAGER];
+    let managed_by = rs.spec.managed_by.as_deref();
+    if rs.spec.suspend == Some(true) && managed_by.is_some_and(|m| !kuberay.contains(&m)) {
+        v.warn(
+            "spec.suspend",
+            "suspend-not-acted-on",
+            "rayshift does not suspend the RayServices it runs: its clusters keep running; delete the RayService, \
+             or hand it back to KubeRay (remove spec.managedBy), to free them",
+        );
     }
 }
 
