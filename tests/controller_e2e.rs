@@ -637,12 +637,24 @@ async fn none_strategy_updates_the_cluster_in_place() {
     updates_in_place(&env).await;
 }
 
-/// KubeRay's `ENABLE_ZERO_DOWNTIME=false`: a RayService that names no upgrade type is updated as with None.
+/// KubeRay's operator settings, read as KubeRay reads them: with `ENABLE_ZERO_DOWNTIME=false` a RayService that
+/// names no upgrade type is updated as with None; with `ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE=true` its head
+/// Service has a cluster IP instead of being headless.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_zero_downtime_an_unset_strategy_updates_in_place() {
-    let env = Env::with("nozerodt", |_| {}, &["--enable-zero-downtime=FALSE"]).await;
+async fn kuberay_settings_zero_downtime_off_and_a_head_cluster_ip() {
+    let flags = [
+        "--enable-zero-downtime=FALSE",
+        "--enable-ray-head-cluster-ip-service=True",
+    ];
+    let env = Env::with("kuberayenv", |_| {}, &flags).await;
     env.create(rayservice("llm", None, "ray:1")).await;
     updates_in_place(&env).await;
+    let head = env.services().get("llm-head-svc").await.unwrap().spec.unwrap();
+    let ip = head.cluster_ip.unwrap_or_default();
+    assert!(
+        !ip.is_empty() && ip != "None",
+        "a cluster IP, not headless: {ip:?}"
+    );
 }
 
 /// Changes the worker image of `llm`, which runs one cluster: the cluster takes it, no new cluster is built.

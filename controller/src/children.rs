@@ -186,8 +186,9 @@ fn service_type(rs: &RayService) -> &str {
 
 /// `<rs>-head-svc`, selecting the head Pod of `cluster`. A `headService` is the base, as in KubeRay: its
 /// annotations and spec stay, the selector is rayshift's, the head's ports are added (the user's win a clash),
-/// and the type is filled in when empty. Without one the Service is headless unless a type is asked for.
-pub fn head_service(rs: &RayService, cluster: &str) -> Value {
+/// and the type is filled in when empty. Without one the Service is headless unless a type is asked for or
+/// `cluster_ip` (KubeRay's `ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE`).
+pub fn head_service(rs: &RayService, cluster: &str, cluster_ip: bool) -> Value {
     let rs_name = rs.name_any();
     let mut ports = head_ports(rs);
     if !ports.iter().any(|(n, _)| n == "metrics") {
@@ -205,10 +206,11 @@ pub fn head_service(rs: &RayService, cluster: &str) -> Value {
     let Some(template) = head.head_service.as_ref().filter(|t| t.is_object()) else {
         let mut spec = json!({"selector": selector, "ports": ports});
         match service_type(rs) {
-            "" | "ClusterIP" => {
+            "" | "ClusterIP" if !cluster_ip => {
                 spec["clusterIP"] = json!("None");
                 spec["publishNotReadyAddresses"] = json!(true);
             }
+            "" => {}
             other => spec["type"] = json!(other),
         }
         return service(rs, &head_service_name(&rs_name), labels, spec);
@@ -607,7 +609,7 @@ mod tests {
 
     #[test]
     fn services_select_the_target_cluster() {
-        let head = head_service(&rs(), "llm-bcdfg");
+        let head = head_service(&rs(), "llm-bcdfg", false);
         assert_eq!(head["metadata"]["name"], "llm-head-svc");
         assert_eq!(head["spec"]["selector"][CLUSTER_LABEL], "llm-bcdfg");
         assert_eq!(head["spec"]["clusterIP"], "None");
@@ -638,7 +640,7 @@ mod tests {
             "metadata": {"annotations": {"lb.example/internal": "true"}, "labels": {"team": "ml"}},
             "spec": {"loadBalancerSourceRanges": ["10.0.0.0/8"], "externalTrafficPolicy": "Local",
                      "selector": {"app": "mine"}, "ports": [{"name": "dash", "port": 8265}]}}));
-        let svc = head_service(&rs, "llm-bcdfg");
+        let svc = head_service(&rs, "llm-bcdfg", false);
         assert_eq!(svc["spec"]["type"], "NodePort");
         assert!(svc["spec"].get("clusterIP").is_none(), "not headless");
         assert_eq!(svc["metadata"]["annotations"]["lb.example/internal"], "true");
@@ -675,7 +677,13 @@ mod tests {
         );
         rs.spec.ray_cluster_config.head_group_spec.service_type = Some("ClusterIP".into());
         rs.spec.ray_cluster_config.head_group_spec.head_service = None;
-        assert_eq!(head_service(&rs, "llm-bcdfg")["spec"]["clusterIP"], "None");
+        assert_eq!(head_service(&rs, "llm-bcdfg", false)["spec"]["clusterIP"], "None");
+        let with_ip = head_service(&rs, "llm-bcdfg", true);
+        assert!(
+            with_ip["spec"].get("clusterIP").is_none(),
+            "ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE"
+        );
+        assert_eq!(with_ip["spec"]["type"], "ClusterIP");
     }
 
     /// A head that declares no port gets KubeRay's defaults, `serve: 8000` among them; one that declares ports

@@ -80,6 +80,8 @@ pub struct ControllerOptions {
     pub resource_aware: rayshift_api::upgrade_control::ResourceAwareMode,
     /// KubeRay's `ENABLE_ZERO_DOWNTIME`: off, a RayService with no upgrade type gets no new cluster.
     pub zero_downtime: bool,
+    /// KubeRay's `ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE`: the head Service gets a cluster IP, not headless.
+    pub head_cluster_ip: bool,
 }
 
 /// A pass mostly waits on the apiserver and dashboards, so a few per core keep two cores busy; unbounded,
@@ -106,6 +108,7 @@ impl Default for ControllerOptions {
             prometheus_url: None,
             resource_aware: Default::default(),
             zero_downtime: true,
+            head_cluster_ip: false,
         }
     }
 }

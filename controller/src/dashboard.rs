@@ -24,7 +24,7 @@ use crate::{
 };
 
 pub const DEFAULT_URL_TEMPLATE: &str =
-    "http://{cluster}-head-svc.{namespace}.svc.cluster.local:{dashboardPort}";
+    "http://{cluster}-head-svc.{namespace}.svc.{clusterDomain}:{dashboardPort}";
 /// The Serve proxy's health check on a head Pod, as KubeRay probes it.
 pub const DEFAULT_HEALTH_URL_TEMPLATE: &str = "http://{podIP}:{port}/-/healthz";
 const APPLICATIONS: &str = "api/serve/applications/";
@@ -238,6 +238,11 @@ impl Dashboard {
             attempts: 3,
             metrics,
         })
+    }
+
+    /// A URL template with `{clusterDomain}` filled in (KubeRay's `CLUSTER_DOMAIN`, default `cluster.local`).
+    pub fn in_domain(template: &str, cluster_domain: &str) -> String {
+        template.replace("{clusterDomain}", cluster_domain)
     }
 
     /// The base URL of a cluster's dashboard (template route) ending in `/`.
@@ -545,13 +550,22 @@ mod tests {
             .unwrap()
         };
         let default = Target::of(&cluster(json!([])));
+        let template = Dashboard::in_domain(DEFAULT_URL_TEMPLATE, "cluster.local");
         assert_eq!(
-            Dashboard::base_url(DEFAULT_URL_TEMPLATE, &default),
+            Dashboard::base_url(&template, &default),
             "http://rs-abcde-head-svc.ns.svc.cluster.local:8265/"
+        );
+        assert_eq!(
+            Dashboard::base_url(
+                &Dashboard::in_domain(DEFAULT_URL_TEMPLATE, "corp.internal"),
+                &default
+            ),
+            "http://rs-abcde-head-svc.ns.svc.corp.internal:8265/",
+            "CLUSTER_DOMAIN, as KubeRay reads it"
         );
         let moved = Target::of(&cluster(json!([{"name": "dashboard", "containerPort": 8266}])));
         assert_eq!(
-            Dashboard::base_url(DEFAULT_URL_TEMPLATE, &moved),
+            Dashboard::base_url(&template, &moved),
             "http://rs-abcde-head-svc.ns.svc.cluster.local:8266/",
             "the head's port named dashboard, as KubeRay reads it"
         );

@@ -420,7 +420,8 @@ async fn apply(
         }
     }
     if let Some(target) = &decision.serve_target {
-        apply_child::<Service>(ctx, &ns, children::head_service(rs, target)).await?;
+        let head = children::head_service(rs, target, ctx.options.head_cluster_ip);
+        apply_child::<Service>(ctx, &ns, head).await?;
         // Incremental mode routes through the Gateway to per-cluster serve Services instead.
         if !seen.incremental {
             let serve = children::serve_service(rs, target).ok_or(Error::NoServePort)?;

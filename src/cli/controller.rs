@@ -39,8 +39,8 @@ pub struct ControllerArgs {
     /// manifests/components/reconcile on KubeRay's CRD).
     #[arg(long, value_enum, default_value_t = ModeArg::Observe)]
     mode: ModeArg,
-    /// Ray dashboard URL; {cluster}, {namespace} and {dashboardPort} (the head's port named dashboard, else
-    /// 8265) are filled in. A path prefix works.
+    /// Ray dashboard URL; {cluster}, {namespace}, {dashboardPort} (the head's port named dashboard, else
+    /// 8265) and {clusterDomain} are filled in. A path prefix works.
     #[arg(long, default_value = dashboard::DEFAULT_URL_TEMPLATE)]
     dashboard_url_template: String,
     /// Health check of a head Pod's Serve proxy (it joins the serve Service only while healthy); {podIP},
@@ -63,6 +63,13 @@ pub struct ControllerArgs {
     /// lack of a resource) or always.
     #[arg(long, default_value = "never", value_parser = resource_aware_mode)]
     resource_aware: ResourceAwareMode,
+    /// The cluster's DNS domain, for {clusterDomain} in --dashboard-url-template (KubeRay's CLUSTER_DOMAIN).
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    cluster_domain: String,
+    /// KubeRay's operator setting of the same name: true gives <rayservice>-head-svc a cluster IP when its type
+    /// is ClusterIP or unset, instead of making it headless. As in KubeRay, only "true" (any case) turns it on.
+    #[arg(long, env = "ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE", default_value = "false", value_parser = only_true, action = clap::ArgAction::Set)]
+    enable_ray_head_cluster_ip_service: bool,
     /// KubeRay's operator setting of the same name: false makes a RayService with no upgradeStrategy.type
     /// update its cluster in place (None) instead of building a new one. As in KubeRay, only "false" (any
     /// case) turns it off.
@@ -133,6 +140,7 @@ impl ControllerArgs {
             prometheus_url: self.prometheus_url.clone(),
             resource_aware: self.resource_aware,
             zero_downtime: self.enable_zero_downtime,
+            head_cluster_ip: self.enable_ray_head_cluster_ip_service,
             ..ControllerOptions::default()
         }
     }
@@ -182,7 +190,8 @@ impl ControllerArgs {
         if self.use_kubernetes_proxy {
             dashboard::Route::KubernetesProxy
         } else {
-            dashboard::Route::Template(self.dashboard_url_template.clone())
+            let template = &self.dashboard_url_template;
+            dashboard::Route::Template(dashboard::Dashboard::in_domain(template, &self.cluster_domain))
         }
     }
 
@@ -293,6 +302,11 @@ fn http_url(s: &str) -> Result<String, String> {
     }
 }
 
+/// KubeRay's reading of `ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE`: only "true", in any case, turns it on.
+fn only_true(s: &str) -> Result<bool, String> {
+    Ok(s.trim().eq_ignore_ascii_case("true"))
+}
+
 /// KubeRay's reading of `ENABLE_ZERO_DOWNTIME`: only "false", in any case, turns it off.
 fn zero_downtime(s: &str) -> Result<bool, String> {
     Ok(!s.trim().eq_ignore_ascii_case("false"))
@@ -304,7 +318,15 @@ fn resource_aware_mode(s: &str) -> Result<ResourceAwareMode, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::zero_downtime;
+    use super::{only_true, zero_downtime};
+
+    #[test]
+    fn only_true_gives_the_head_a_cluster_ip() {
+        assert_eq!(only_true("TRUE"), Ok(true));
+        for off in ["false", "1", "yes", ""] {
+            assert_eq!(only_true(off), Ok(false), "{off}");
+        }
+    }
 
     #[test]
     fn only_false_turns_zero_downtime_off() {
