@@ -23,7 +23,7 @@ use support::{
     dashboard::Fault,
     incremental::{self, Env, head},
     observer::Observer,
-    status::{active, cluster_names, condition, condition_message, pending},
+    status::{active, cluster_names, condition, pending},
     traefik,
 };
 
@@ -306,12 +306,7 @@ async fn reverting_the_spec_rolls_back_step_by_step() {
     env.pending_traffic_at_least(25, 30).await;
     // Back to the original spec.
     env.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:1")]}}}}}})).await;
-    let message = env
-        .eventually("RollbackInProgress", 20, || async {
-            let (status, message) = condition_message(&env.get().await, "RollbackInProgress")?;
-            (status == "True").then_some(message)
-        })
-        .await;
+    let message = env.rollback_message().await;
     assert_eq!(
         message, "Goal state reverted to original cluster, rolling back.",
         "KubeRay's words for A→B→A"
@@ -363,12 +358,7 @@ async fn a_third_spec_mid_upgrade_rolls_back_then_upgrades_to_it() {
     let b = env.upgrade_to("ray:2").await;
     env.pending_traffic_at_least(25, 30).await;
     env.patch(json!({"spec": {"rayClusterConfig": {"headGroupSpec": {"template": {"spec": {"containers": [head("ray:3")]}}}}}})).await;
-    let message = env
-        .eventually("RollbackInProgress", 20, || async {
-            let (status, message) = condition_message(&env.get().await, "RollbackInProgress")?;
-            (status == "True").then_some(message)
-        })
-        .await;
+    let message = env.rollback_message().await;
     assert_eq!(
         message,
         "Goal state changed mid-upgrade, rolling back to original cluster."

@@ -18,7 +18,7 @@ use super::{
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     observer::Observer,
-    status::{active, pending},
+    status::{active, condition_message, pending},
     traefik::{self, TraefikGateway},
 };
 
@@ -197,6 +197,15 @@ impl Env {
             l(s.active_service_status.as_ref()),
             l(s.pending_service_status.as_ref()),
         )
+    }
+
+    /// The message of RollbackInProgress once it is True (waited for up to 20 s).
+    pub async fn rollback_message(&self) -> String {
+        self.eventually("RollbackInProgress", 20, || async {
+            let (status, message) = condition_message(&self.get().await, "RollbackInProgress")?;
+            (status == "True").then_some(message)
+        })
+        .await
     }
 
     /// Ready Pods of `cluster` that its serve Service selects (`ray.io/serve=true`).
