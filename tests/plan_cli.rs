@@ -108,6 +108,14 @@ fn non_incremental_plan_explains_itself() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.lines().count(), 1, "{text}");
     assert!(text.contains("NewCluster (blue/green)"), "{text}");
+    // KubeRay's ENABLE_ZERO_DOWNTIME=false: the sample names no type, so it is updated in place.
+    let file = sample("rayservice-bluegreen.yaml");
+    let out = rayshift(&["plan", "-f", &file, "--enable-zero-downtime=false"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("uses None: clusters are updated in place"),
+        "{text}"
+    );
 }
 
 #[test]

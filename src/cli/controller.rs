@@ -68,13 +68,17 @@ pub struct ControllerArgs {
     cluster_domain: String,
     /// KubeRay's operator setting of the same name: true gives <rayservice>-head-svc a cluster IP when its type
     /// is ClusterIP or unset, instead of making it headless. As in KubeRay, only "true" (any case) turns it on.
-    #[arg(long, env = "ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE", default_value = "false", value_parser = only_true, action = clap::ArgAction::Set)]
+    #[arg(
+        long,
+        env = "ENABLE_RAY_HEAD_CLUSTER_IP_SERVICE",
+        value_name = "BOOL",
+        default_value = "false",
+        value_parser = only_true,
+        action = clap::ArgAction::Set
+    )]
     enable_ray_head_cluster_ip_service: bool,
-    /// KubeRay's operator setting of the same name: false makes a RayService with no upgradeStrategy.type
-    /// update its cluster in place (None) instead of building a new one. As in KubeRay, only "false" (any
-    /// case) turns it off.
-    #[arg(long, env = "ENABLE_ZERO_DOWNTIME", default_value = "true", value_parser = zero_downtime, action = clap::ArgAction::Set)]
-    enable_zero_downtime: bool,
+    #[command(flatten)]
+    zero_downtime: super::ZeroDowntime,
     /// Timeout of one Ray dashboard request.
     #[arg(long, default_value = "2", value_parser = duration_at_least(0.1))]
     dashboard_timeout_seconds: Duration,
@@ -139,7 +143,7 @@ impl ControllerArgs {
             concurrency: self.concurrency,
             prometheus_url: self.prometheus_url.clone(),
             resource_aware: self.resource_aware,
-            zero_downtime: self.enable_zero_downtime,
+            zero_downtime: self.zero_downtime.enabled,
             head_cluster_ip: self.enable_ray_head_cluster_ip_service,
             ..ControllerOptions::default()
         }
@@ -307,18 +311,13 @@ fn only_true(s: &str) -> Result<bool, String> {
     Ok(s.trim().eq_ignore_ascii_case("true"))
 }
 
-/// KubeRay's reading of `ENABLE_ZERO_DOWNTIME`: only "false", in any case, turns it off.
-fn zero_downtime(s: &str) -> Result<bool, String> {
-    Ok(!s.trim().eq_ignore_ascii_case("false"))
-}
-
 fn resource_aware_mode(s: &str) -> Result<ResourceAwareMode, String> {
     ResourceAwareMode::parse(s).ok_or_else(|| format!("{s:?} is not never, on-stall or always"))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{only_true, zero_downtime};
+    use super::{super::zero_downtime, only_true};
 
     #[test]
     fn only_true_gives_the_head_a_cluster_ip() {

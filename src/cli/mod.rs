@@ -34,6 +34,29 @@ pub struct Drain {
     pub seconds: i64,
 }
 
+/// `--enable-zero-downtime`, KubeRay's `ENABLE_ZERO_DOWNTIME`: the same for the controller and for the plans that
+/// preview it.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct ZeroDowntime {
+    /// KubeRay's operator setting of the same name: false makes a RayService with no upgradeStrategy.type
+    /// update its cluster in place (None) instead of building a new one. As in KubeRay, only "false" (any
+    /// case) turns it off.
+    #[arg(
+        long = "enable-zero-downtime",
+        env = "ENABLE_ZERO_DOWNTIME",
+        value_name = "BOOL",
+        default_value = "true",
+        value_parser = zero_downtime,
+        action = clap::ArgAction::Set
+    )]
+    pub enabled: bool,
+}
+
+/// KubeRay's reading of `ENABLE_ZERO_DOWNTIME`: only "false", in any case, turns it off.
+fn zero_downtime(s: &str) -> Result<bool, String> {
+    Ok(!s.trim().eq_ignore_ascii_case("false"))
+}
+
 pub const EXIT_DENIED: u8 = 1;
 pub const EXIT_RUNTIME: u8 = 1;
 pub const EXIT_UNREADABLE: u8 = 2;

@@ -33,6 +33,8 @@ pub struct Args {
     #[command(flatten)]
     drain: super::Drain,
     #[command(flatten)]
+    zero_downtime: super::ZeroDowntime,
+    #[command(flatten)]
     defaults: DefaultsArgs,
     #[arg(short, long, value_enum, default_value_t)]
     output: Output,
@@ -46,7 +48,7 @@ pub fn run(args: Args) -> Result<ExitCode, CliError> {
         path: args.file.display().to_string(),
         rule: Box::new(rule),
     })?;
-    let kind = rs.spec.upgrade_type();
+    let kind = rs.spec.upgrade_type_with(args.zero_downtime.enabled);
     if kind != Some(UpgradeType::NewClusterWithIncrementalUpgrade) {
         println!(
             "RayService {name} uses {}; there is no incremental plan.",

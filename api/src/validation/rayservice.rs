@@ -499,7 +499,9 @@ fn incremental_requirements(rs: &RayService, cfg: &ValidationConfig, v: &mut Ver
         v.warn(
             "spec.serveService",
             "serve-service-ignored",
-            "ignored by NewClusterWithIncrementalUpgrade",
+            "its name is ignored by NewClusterWithIncrementalUpgrade: traffic goes through each cluster's own \
+             <cluster>-serve-svc, which takes this Service's ports, labels, annotations and type (KubeRay ignores \
+             the whole of it there)",
         );
     }
 }
