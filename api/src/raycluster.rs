@@ -334,11 +334,14 @@ impl RayClusterSpec {
     /// The port of the head container named `dashboard`, which KubeRay's dashboard client reads off the head
     /// Service; Ray's default 8265 when the head names none.
     pub fn dashboard_port(&self) -> i64 {
-        let ray = self.head_group_spec.template.ray_container();
-        let ports = ray.map(|c| c.ports()).unwrap_or_default();
-        (ports.into_iter())
-            .find(|(name, _)| *name == Some("dashboard"))
-            .map_or(DEFAULT_DASHBOARD_PORT, |(_, port)| port)
+        self.head_port("dashboard").unwrap_or(DEFAULT_DASHBOARD_PORT)
+    }
+
+    /// The Ray head container's port of this name.
+    pub fn head_port(&self, name: &str) -> Option<i64> {
+        let ray = self.head_group_spec.template.ray_container()?;
+        let mut ports = ray.ports().into_iter();
+        ports.find(|(n, _)| *n == Some(name)).map(|(_, port)| port)
     }
 
     /// The Secret whose `auth_token` a token-auth cluster's dashboard wants (`authOptions.mode: token`):

@@ -13,6 +13,7 @@ use rayshift_api::{
     RayCluster, RayService,
     cluster_spec::{NUM_WORKER_GROUPS_ANNOTATION, SCALE_HASH_ANNOTATION, SPEC_HASH_ANNOTATION, SpecDigests},
     gateway_attachment::Attachment,
+    raycluster::is_serving_port,
 };
 use serde_json::{Map, Value, json};
 
@@ -164,17 +165,14 @@ fn head_ports(rs: &RayService) -> Vec<(String, i64)> {
 
 /// Port named `serve` of the head container (KubeRay's default 8000).
 pub fn serve_port(rs: &RayService) -> i64 {
-    head_ports(rs)
-        .into_iter()
-        .find(|(n, _)| n == "serve")
-        .map_or(8000, |(_, p)| p)
+    rs.spec.ray_cluster_config.head_port("serve").unwrap_or(8000)
 }
 
 /// The head container's Serve ports (`serve`, `serve-*`), which the serve Services expose.
 pub fn serving_ports(rs: &RayService) -> Vec<(String, i64)> {
     head_ports(rs)
         .into_iter()
-        .filter(|(n, _)| n == "serve" || n.starts_with("serve-"))
+        .filter(|(n, _)| is_serving_port(n))
         .collect()
 }
 
@@ -281,8 +279,9 @@ fn based_on(
         .get("type")
         .and_then(Value::as_str)
         .is_some_and(|t| !t.is_empty());
-    if !typed && !service_type(rs).is_empty() {
-        spec["type"] = json!(service_type(rs));
+    let default_type = service_type(rs);
+    if !typed && !default_type.is_empty() {
+        spec["type"] = json!(default_type);
     }
     let mut svc = service(rs, name, labels, spec);
     if let Some(annotations) = template

@@ -213,11 +213,7 @@ impl Env {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
         let selector = format!("ray.io/cluster={cluster},ray.io/serve=true");
         let list = pods.list(&ListParams::default().labels(&selector)).await.unwrap();
-        let ready = |p: &Pod| {
-            let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
-            conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        };
-        list.items.iter().filter(|p| ready(p)).count() as i32
+        list.items.iter().filter(|p| super::autoscaler::ready(p)).count() as i32
     }
 
     /// Waits until the pending cluster carries at least `percent` of the traffic.
