@@ -10,7 +10,10 @@ use std::{
 };
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::{
+    core::v1::{Pod, Service},
+    discovery::v1::EndpointSlice,
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -153,6 +156,8 @@ pub struct Caches {
     pub clusters: Indexed<RayCluster>,
     /// Indexed by their cluster (`ray.io/cluster`).
     pub heads: Indexed<Pod>,
+    /// The serve Services' EndpointSlices, indexed by their Service (`kubernetes.io/service-name`).
+    pub serve_slices: Indexed<EndpointSlice>,
     /// The Services rayshift creates (KubeRay's association labels).
     pub services: reflector::Store<Service>,
     /// Filled only where the Gateway API is served.
@@ -208,6 +213,12 @@ impl Caches {
             (NODE_TYPE_LABEL.to_string(), "head".to_string()),
         ]);
         self.heads.find(ns, cluster, &wanted).await
+    }
+
+    /// The EndpointSlices of a serve Service.
+    pub(crate) async fn slices_of(&self, ns: &str, service: &str) -> Result<Vec<EndpointSlice>> {
+        let wanted = BTreeMap::from([(children::SERVICE_NAME_LABEL.to_string(), service.to_string())]);
+        self.serve_slices.find(ns, service, &wanted).await
     }
 }
 

@@ -23,7 +23,10 @@ use std::{sync::Arc, time::Duration};
 pub use error::{Error, Result};
 use futures::StreamExt;
 use gateway_api::{gateways::Gateway, grpcroutes::GrpcRoute, httproutes::HttpRoute};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::{
+    core::v1::{Pod, Service},
+    discovery::v1::EndpointSlice,
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
     runtime::{
@@ -251,6 +254,7 @@ async fn run_controller(
     // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
     let cluster_stream = indexed(&client, ns, owned(), fills.clusters, fills.clusters_by_owner);
     let head_stream = indexed(&client, ns, head_pods(), fills.heads, fills.heads_by_cluster);
+    let slice_stream = indexed(&client, ns, serve_slices(), fills.slices, fills.slices_by_service);
     let (rayservices, rayservice_writer) = reflector::store::<RayService>();
     let rayservice_stream =
         reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
@@ -266,9 +270,10 @@ async fn run_controller(
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
     };
-    let clusters = fills.cluster_store;
+    let (clusters, slice_clusters) = (fills.cluster_store.clone(), fills.cluster_store);
     controller
         .watches_stream(head_stream, move |pod| owner_of_pod(&clusters, &pod))
+        .watches_stream(slice_stream, move |slice| owner_of_slice(&slice_clusters, &slice))
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -293,6 +298,8 @@ struct CacheFills {
     cluster_store: reflector::Store<RayCluster>,
     heads: reflector::store::Writer<Pod>,
     heads_by_cluster: LabelIndex,
+    slices: reflector::store::Writer<EndpointSlice>,
+    slices_by_service: LabelIndex,
     services: reflector::store::Writer<Service>,
     gateway_api: GatewayApiFills,
 }
@@ -307,15 +314,18 @@ struct GatewayApiFills {
 fn read_caches(ns: Option<&str>) -> (context::Caches, CacheFills) {
     let (clusters, cluster_writer) = reflector::store::<RayCluster>();
     let (heads, head_writer) = reflector::store::<Pod>();
+    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
     let (services, service_writer) = reflector::store::<Service>();
     let (gateways, gateway_writer) = reflector::store::<Gateway>();
     let (routes, route_writer) = reflector::store::<HttpRoute>();
     let (grpc_routes, grpc_route_writer) = reflector::store::<GrpcRoute>();
     let clusters_by_owner = LabelIndex::new(children::ORIGINATED_FROM_CR_NAME);
     let heads_by_cluster = LabelIndex::new(children::CLUSTER_LABEL);
+    let slices_by_service = LabelIndex::new(children::SERVICE_NAME_LABEL);
     let caches = context::Caches {
         clusters: context::Indexed::new(clusters.clone(), clusters_by_owner.clone(), "RayCluster"),
         heads: context::Indexed::new(heads, heads_by_cluster.clone(), "Pod"),
+        serve_slices: context::Indexed::new(slices, slices_by_service.clone(), "EndpointSlice"),
         services,
         gateways,
         routes,
@@ -328,6 +338,8 @@ fn read_caches(ns: Option<&str>) -> (context::Caches, CacheFills) {
         cluster_store: clusters,
         heads: head_writer,
         heads_by_cluster,
+        slices: slice_writer,
+        slices_by_service,
         services: service_writer,
         gateway_api: GatewayApiFills {
             gateways: gateway_writer,
@@ -539,21 +551,46 @@ fn referrers<K: Resource>(
         .collect()
 }
 
-/// Head Pods only (a pass reads nothing else of Pods; worker Pods can be thousands).
+/// Head Pods only: serving Pods are counted from EndpointSlices, and worker Pods can be thousands.
 fn head_pods() -> watcher::Config {
     watcher::Config::default().labels("ray.io/node-type=head")
+}
+
+/// The EndpointSlices of rayshift's serve Services (kube-controller-manager copies a Service's labels onto its
+/// slices): `numServeEndpoints` is counted from them, as KubeRay counts it, with no Pod list per pass and no
+/// cache of worker Pods.
+fn serve_slices() -> watcher::Config {
+    watcher::Config::default().labels("ray.io/originated-from-crd=RayService,ray.io/serve")
 }
 
 /// The RayService owning a head Pod, through its cluster.
 fn owner_of_pod(clusters: &reflector::Store<RayCluster>, pod: &Pod) -> Option<ObjectRef<RayService>> {
     let ns = pod.namespace().unwrap_or_default();
-    let cluster = pod.labels().get("ray.io/cluster")?;
-    let cluster = clusters.get(&ObjectRef::new(cluster).within(&ns))?;
+    owner_of_cluster(clusters, &ns, pod.labels().get(children::CLUSTER_LABEL)?)
+}
+
+fn owner_of_cluster(
+    clusters: &reflector::Store<RayCluster>,
+    ns: &str,
+    cluster: &str,
+) -> Option<ObjectRef<RayService>> {
+    let cluster = clusters.get(&ObjectRef::new(cluster).within(ns))?;
     let owner = cluster
         .owner_references()
         .iter()
         .find(|o| o.kind == "RayService")?;
-    Some(ObjectRef::new(&owner.name).within(&ns))
+    Some(ObjectRef::new(&owner.name).within(ns))
+}
+
+/// The RayService a serve Service's slice counts for. The label its Service carries names the RayService, or,
+/// on a cluster's own serve Service (incremental upgrades), the cluster.
+fn owner_of_slice(
+    clusters: &reflector::Store<RayCluster>,
+    slice: &EndpointSlice,
+) -> Option<ObjectRef<RayService>> {
+    let ns = slice.namespace().unwrap_or_default();
+    let named = slice.labels().get(children::ORIGINATED_FROM_CR_NAME)?;
+    owner_of_cluster(clusters, &ns, named).or_else(|| Some(ObjectRef::new(named).within(&ns)))
 }
 
 /// What the deletion watch keeps of a RayService: its metadata only (the controller's own cache has the rest).
