@@ -258,8 +258,7 @@ async fn first_deployment_becomes_ready() {
     );
     let status = rs.status.as_ref().unwrap();
     assert_eq!(status.service_status.as_deref(), Some("Running"));
-    // The worker, and the head once its Serve proxy answered its health check (and kube-controller-manager
-    // put it in the serve Service's EndpointSlice, which may be after Ready).
+    // The worker, and the head once its Serve proxy answered its health check (which may be after Ready).
     env.eventually("numServeEndpoints 2", 30, || async {
         (env.get("llm").await.status?.num_serve_endpoints == Some(2)).then_some(())
     })
@@ -317,8 +316,8 @@ async fn first_deployment_becomes_ready() {
     );
     // KubeRay writes the cluster's status several times on the way (head ready, then every Pod); the
     // RayService's copy of it is for display, so only the pending cluster's name and Ready are writes, and
-    // numServeEndpoints going from 1 to 2 when the head joins the worker in the serve Service's EndpointSlice
-    // after Ready (kube-controller-manager updates it a moment after the head's label).
+    // numServeEndpoints going from 1 to 2 if Ready came with the worker alone: the head's serve label, written
+    // in one pass, is counted in the next (from the cache the head's watch fills).
     let status_writes = writes("RayService");
     let counted = (status_writes.iter())
         .find_map(|l| {

@@ -35,7 +35,7 @@ use support::{
     controller::ControllerProcess,
     dashboard::FakeDashboard,
     incremental::GATE,
-    kuberay::{MADE_UP_POD_IP, MADE_UP_SERVICE_IP, STAND_IN_NODE, stand_in_node},
+    kuberay::{MADE_UP_POD_IP, MADE_UP_SERVICE_IP},
     observer::Observer,
 };
 
@@ -88,7 +88,6 @@ fn head_template(image: &str) -> serde_json::Value {
 /// Plays KubeRay for every RayCluster in the cluster: a ready status and a Running head Pod, each written once,
 /// from a watch (an idle stand-in sends nothing, so what the apiserver sees after settling is the controller).
 async fn stand_in(client: Client) {
-    stand_in_node(&client).await.expect("the stand-in's node");
     let clusters: Api<RayCluster> = Api::all(client.clone());
     let done = std::sync::Arc::new(std::sync::Mutex::new(HashSet::new()));
     watcher(clusters, watcher::Config::default())
@@ -118,7 +117,7 @@ async fn run_cluster(client: &Client, c: &RayCluster) -> Result<(), kube::Error>
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": head, "ownerReferences": owner,
                      "labels": {"ray.io/cluster": name, "ray.io/node-type": "head", "ray.io/serve": "false"}},
-        "spec": {"nodeName": STAND_IN_NODE, "containers": [{"name": "ray-head", "image": "rayproject/ray"}]}
+        "spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray"}]}
     }))
     .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -409,7 +408,7 @@ async fn rayservices_at_scale_become_ready_and_settle() {
     stand_in.abort();
     drop(controller);
     assert_eq!(writes, 0.0, "settled RayServices still written");
-    // Serve endpoints come from the EndpointSlice cache: no Pod list per pass (issue 16).
+    // Serving Pods come from caches: no Pod list per pass (issue 16).
     assert!(
         lists_to_ready <= n as f64 / 10.0,
         "{lists_to_ready} Pod LISTs for {n} RayServices"

@@ -22,8 +22,6 @@ pub const ORIGINATED_FROM_CRD: &str = "ray.io/originated-from-crd";
 pub const CLUSTER_LABEL: &str = "ray.io/cluster";
 pub const NODE_TYPE_LABEL: &str = "ray.io/node-type";
 pub const SERVE_LABEL: &str = "ray.io/serve";
-/// Names an EndpointSlice's Service (set by kube-controller-manager, with a copy of the Service's labels).
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// The Serve config (serveConfigV2 text) a cluster runs: kept on the cluster so that a restarted
 /// controller changes its capacity with its own config, never with a newer spec's.
 pub const SERVE_CONFIG_ANNOTATION: &str = "rayshift.io/serve-config";

@@ -10,10 +10,7 @@ use std::{
 };
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::{
-    core::v1::{Pod, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -26,7 +23,7 @@ use rayshift_api::{
 use serde_json::Value;
 
 use crate::{
-    children::{self, APPLIED_ANNOTATION, CLUSTER_LABEL, NODE_TYPE_LABEL},
+    children::{self, APPLIED_ANNOTATION, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_LABEL},
     cluster_records::ClusterRecords,
     dashboard::{self, Dashboard},
     error::{Error, Result},
@@ -156,8 +153,8 @@ pub struct Caches {
     pub clusters: Indexed<RayCluster>,
     /// Indexed by their cluster (`ray.io/cluster`).
     pub heads: Indexed<Pod>,
-    /// The serve Services' EndpointSlices, indexed by their Service (`kubernetes.io/service-name`).
-    pub serve_slices: Indexed<EndpointSlice>,
+    /// Worker Pods while they carry the serve label, slim (labels and conditions), indexed by their cluster.
+    pub serving_workers: Indexed<Pod>,
     /// The Services rayshift creates (KubeRay's association labels).
     pub services: reflector::Store<Service>,
     /// Filled only where the Gateway API is served.
@@ -215,10 +212,14 @@ impl Caches {
         self.heads.find(ns, cluster, &wanted).await
     }
 
-    /// The EndpointSlices of a serve Service.
-    pub(crate) async fn slices_of(&self, ns: &str, service: &str) -> Result<Vec<EndpointSlice>> {
-        let wanted = BTreeMap::from([(children::SERVICE_NAME_LABEL.to_string(), service.to_string())]);
-        self.serve_slices.find(ns, service, &wanted).await
+    /// The worker Pods of a cluster that carry the serve label.
+    pub(crate) async fn serving_workers_of(&self, ns: &str, cluster: &str) -> Result<Vec<Pod>> {
+        let wanted = BTreeMap::from([
+            (CLUSTER_LABEL.to_string(), cluster.to_string()),
+            (NODE_TYPE_LABEL.to_string(), "worker".to_string()),
+            (SERVE_LABEL.to_string(), "true".to_string()),
+        ]);
+        self.serving_workers.find(ns, cluster, &wanted).await
     }
 }
 

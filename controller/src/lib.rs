@@ -23,10 +23,7 @@ use std::{sync::Arc, time::Duration};
 pub use error::{Error, Result};
 use futures::StreamExt;
 use gateway_api::{gateways::Gateway, grpcroutes::GrpcRoute, httproutes::HttpRoute};
-use k8s_openapi::api::{
-    core::v1::{Pod, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
     Api, Client, Resource, ResourceExt,
     runtime::{
@@ -254,7 +251,7 @@ async fn run_controller(
     // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
     let cluster_stream = indexed(&client, ns, owned(), fills.clusters, fills.clusters_by_owner);
     let head_stream = indexed(&client, ns, head_pods(), fills.heads, fills.heads_by_cluster);
-    let slice_stream = indexed(&client, ns, serve_slices(), fills.slices, fills.slices_by_service);
+    let worker_stream = serving_worker_stream(&client, ns, fills.workers, fills.workers_by_cluster);
     let (rayservices, rayservice_writer) = reflector::store::<RayService>();
     let rayservice_stream =
         reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
@@ -270,10 +267,10 @@ async fn run_controller(
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
     };
-    let (clusters, slice_clusters) = (fills.cluster_store.clone(), fills.cluster_store);
+    let (clusters, worker_clusters) = (fills.cluster_store.clone(), fills.cluster_store);
     controller
         .watches_stream(head_stream, move |pod| owner_of_pod(&clusters, &pod))
-        .watches_stream(slice_stream, move |slice| owner_of_slice(&slice_clusters, &slice))
+        .watches_stream(worker_stream, move |pod| owner_of_pod(&worker_clusters, &pod))
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -298,8 +295,8 @@ struct CacheFills {
     cluster_store: reflector::Store<RayCluster>,
     heads: reflector::store::Writer<Pod>,
     heads_by_cluster: LabelIndex,
-    slices: reflector::store::Writer<EndpointSlice>,
-    slices_by_service: LabelIndex,
+    workers: reflector::store::Writer<Pod>,
+    workers_by_cluster: LabelIndex,
     services: reflector::store::Writer<Service>,
     gateway_api: GatewayApiFills,
 }
@@ -314,18 +311,18 @@ struct GatewayApiFills {
 fn read_caches(ns: Option<&str>) -> (context::Caches, CacheFills) {
     let (clusters, cluster_writer) = reflector::store::<RayCluster>();
     let (heads, head_writer) = reflector::store::<Pod>();
-    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
+    let (workers, worker_writer) = reflector::store::<Pod>();
     let (services, service_writer) = reflector::store::<Service>();
     let (gateways, gateway_writer) = reflector::store::<Gateway>();
     let (routes, route_writer) = reflector::store::<HttpRoute>();
     let (grpc_routes, grpc_route_writer) = reflector::store::<GrpcRoute>();
     let clusters_by_owner = LabelIndex::new(children::ORIGINATED_FROM_CR_NAME);
     let heads_by_cluster = LabelIndex::new(children::CLUSTER_LABEL);
-    let slices_by_service = LabelIndex::new(children::SERVICE_NAME_LABEL);
+    let workers_by_cluster = LabelIndex::new(children::CLUSTER_LABEL);
     let caches = context::Caches {
         clusters: context::Indexed::new(clusters.clone(), clusters_by_owner.clone(), "RayCluster"),
         heads: context::Indexed::new(heads, heads_by_cluster.clone(), "Pod"),
-        serve_slices: context::Indexed::new(slices, slices_by_service.clone(), "EndpointSlice"),
+        serving_workers: context::Indexed::new(workers, workers_by_cluster.clone(), "Pod"),
         services,
         gateways,
         routes,
@@ -338,8 +335,8 @@ fn read_caches(ns: Option<&str>) -> (context::Caches, CacheFills) {
         cluster_store: clusters,
         heads: head_writer,
         heads_by_cluster,
-        slices: slice_writer,
-        slices_by_service,
+        workers: worker_writer,
+        workers_by_cluster,
         services: service_writer,
         gateway_api: GatewayApiFills {
             gateways: gateway_writer,
@@ -551,46 +548,56 @@ fn referrers<K: Resource>(
         .collect()
 }
 
-/// Head Pods only: serving Pods are counted from EndpointSlices, and worker Pods can be thousands.
+/// Head Pods, whole (a pass judges the head's health from its containers).
 fn head_pods() -> watcher::Config {
     watcher::Config::default().labels("ray.io/node-type=head")
 }
 
-/// The EndpointSlices of rayshift's serve Services (kube-controller-manager copies a Service's labels onto its
-/// slices): `numServeEndpoints` is counted from them, as KubeRay counts it, with no Pod list per pass and no
-/// cache of worker Pods.
-fn serve_slices() -> watcher::Config {
-    watcher::Config::default().labels("ray.io/originated-from-crd=RayService,ray.io/serve")
+/// Worker Pods while they carry the serve label, for `numServeEndpoints` without a Pod list per pass: a worker
+/// that leaves the serve Service leaves the watch. Worker Pods can be thousands, so only their labels and
+/// conditions are kept.
+fn serving_worker_stream(
+    client: &Client,
+    ns: Option<&str>,
+    writer: reflector::store::Writer<Pod>,
+    index: LabelIndex,
+) -> impl futures::Stream<Item = std::result::Result<Pod, watcher::Error>> + Send + 'static {
+    let config = watcher::Config::default().labels("ray.io/node-type=worker,ray.io/serve=true");
+    watcher(api::<Pod>(client, ns), config)
+        .backoff(RecoveryBackoff::new())
+        .modify(slim)
+        .reflect(writer)
+        .map(move |event| {
+            if let Ok(event) = &event {
+                index.apply(event);
+            }
+            event
+        })
+        .touched_objects()
+}
+
+/// A Pod as a count of serving Pods reads it: its name, labels, deletion and conditions.
+fn slim(pod: &mut Pod) {
+    trim(pod);
+    let meta = &mut pod.metadata;
+    (meta.annotations, meta.owner_references) = (None, None);
+    pod.spec = None;
+    pod.status = pod.status.take().map(|s| k8s_openapi::api::core::v1::PodStatus {
+        conditions: s.conditions,
+        ..Default::default()
+    });
 }
 
 /// The RayService owning a head Pod, through its cluster.
 fn owner_of_pod(clusters: &reflector::Store<RayCluster>, pod: &Pod) -> Option<ObjectRef<RayService>> {
     let ns = pod.namespace().unwrap_or_default();
-    owner_of_cluster(clusters, &ns, pod.labels().get(children::CLUSTER_LABEL)?)
-}
-
-fn owner_of_cluster(
-    clusters: &reflector::Store<RayCluster>,
-    ns: &str,
-    cluster: &str,
-) -> Option<ObjectRef<RayService>> {
-    let cluster = clusters.get(&ObjectRef::new(cluster).within(ns))?;
+    let cluster = pod.labels().get("ray.io/cluster")?;
+    let cluster = clusters.get(&ObjectRef::new(cluster).within(&ns))?;
     let owner = cluster
         .owner_references()
         .iter()
         .find(|o| o.kind == "RayService")?;
-    Some(ObjectRef::new(&owner.name).within(ns))
-}
-
-/// The RayService a serve Service's slice counts for. The label its Service carries names the RayService, or,
-/// on a cluster's own serve Service (incremental upgrades), the cluster.
-fn owner_of_slice(
-    clusters: &reflector::Store<RayCluster>,
-    slice: &EndpointSlice,
-) -> Option<ObjectRef<RayService>> {
-    let ns = slice.namespace().unwrap_or_default();
-    let named = slice.labels().get(children::ORIGINATED_FROM_CR_NAME)?;
-    owner_of_cluster(clusters, &ns, named).or_else(|| Some(ObjectRef::new(named).within(&ns)))
+    Some(ObjectRef::new(&owner.name).within(&ns))
 }
 
 /// What the deletion watch keeps of a RayService: its metadata only (the controller's own cache has the rest).
@@ -617,4 +624,28 @@ fn forget_deleted(
             futures::future::ready(())
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+
+    /// A serving worker keeps what the count reads (labels, Ready) and nothing of its spec or annotations.
+    #[test]
+    fn a_slim_pod_keeps_its_labels_and_conditions() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "w", "labels": {"ray.io/serve": "true"}, "annotations": {"a": "b"},
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        super::slim(&mut pod);
+        assert_eq!(
+            serde_json::to_value(&pod).unwrap(),
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "labels": {"ray.io/serve": "true"}},
+                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        );
+    }
 }

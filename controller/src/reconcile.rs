@@ -1,19 +1,12 @@
 //! One reconcile pass: observe (Kubernetes objects, Ray dashboards) → decide (pure, `rayshift-api`) →
 //! apply (server-side apply, status subresource, events).
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use jiff::{SignedDuration, Timestamp};
 use json_patch::{PatchOperation, ReplaceOperation, TestOperation};
 use k8s_openapi::{
-    api::{
-        core::v1::{Pod, Service},
-        discovery::v1::EndpointSlice,
-    },
+    api::core::v1::{Pod, Service},
     apimachinery::pkg::apis::meta::v1::Time,
 };
 use kube::{
@@ -39,9 +32,7 @@ use rayshift_api::{
 use serde_json::{Value, json};
 
 use crate::{
-    children::{
-        self, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_CONFIG_ANNOTATION, SERVE_LABEL, SERVICE_NAME_LABEL,
-    },
+    children::{self, CLUSTER_LABEL, NODE_TYPE_LABEL, SERVE_CONFIG_ANNOTATION, SERVE_LABEL},
     cluster_records::LabelWrite,
     context::{Context, ControllerOptions, apply_child},
     dashboard::{self, HeadProxy, ServeStatus, Target},
@@ -571,12 +562,7 @@ async fn lifecycle_status(
         .filter(|p| Some(*p) != s.decision.serve_target.as_ref());
     let mut endpoints = 0;
     for cluster in [s.decision.serve_target.as_ref(), pending].into_iter().flatten() {
-        let service = if s.seen.incremental {
-            children::cluster_serve_service_name(cluster)
-        } else {
-            children::serve_service_name(rs)
-        };
-        endpoints += serve_endpoints(ctx, ns, &service).await?;
+        endpoints += serve_endpoints(ctx, ns, cluster).await?;
     }
     let views = (s.seen.clusters.iter())
         .map(|(name, c)| (name.clone(), cluster_view(c)))
@@ -969,28 +955,24 @@ fn pod_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Serving Pods behind a serve Service, counted as KubeRay 1.5–1.7 counts them: the distinct Pods of the
-/// ready endpoints in its EndpointSlices.
-async fn serve_endpoints(ctx: &Context, ns: &str, service: &str) -> Result<i32> {
-    let slices = match &ctx.caches {
-        Some(caches) => caches.slices_of(ns, service).await?,
+/// Serving Pods behind a cluster's serve Service (Ready and carrying the serve label): its head and serving
+/// workers from the caches, or listed where the context has none.
+async fn serve_endpoints(ctx: &Context, ns: &str, cluster: &str) -> Result<i32> {
+    let pods = match &ctx.caches {
+        Some(caches) => {
+            let mut pods = caches.heads_of(ns, cluster).await?;
+            pods.extend(caches.serving_workers_of(ns, cluster).await?);
+            pods
+        }
         None => {
-            let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), ns);
-            let selector = format!("{SERVICE_NAME_LABEL}={service}");
-            waiting::on(Waiting::api("list", "EndpointSlice"));
-            api.list(&ListParams::default().labels(&selector)).await?.items
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+            let selector = format!("{CLUSTER_LABEL}={cluster},{SERVE_LABEL}=true");
+            waiting::on(Waiting::api("list", "Pod"));
+            pods.list(&ListParams::default().labels(&selector)).await?.items
         }
     };
-    Ok(ready_pods(&slices))
-}
-
-/// Distinct Pods among the slices' ready endpoints (a Pod is in one slice per address type).
-fn ready_pods(slices: &[EndpointSlice]) -> i32 {
-    let pods: BTreeSet<&str> = (slices.iter().flat_map(|s| &s.endpoints))
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-        .filter_map(|e| e.target_ref.as_ref()?.uid.as_deref())
-        .collect();
-    i32::try_from(pods.len()).unwrap_or(i32::MAX)
+    let ready = pods.iter().filter(|p| in_serve_service(p)).count();
+    Ok(i32::try_from(ready).unwrap_or(i32::MAX))
 }
 
 /// Taking over from KubeRay (a handover): each of the RayService's clusters that KubeRay built gets
@@ -1495,35 +1477,9 @@ pub fn error_policy(rs: Arc<RayService>, error: &Error, ctx: Arc<Context>) -> Ac
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
     use serde_json::json;
 
-    use super::{merge_patch, ready_pods};
-
-    /// KubeRay's count: a Pod once however many slices list it (IPv4 and IPv6), and only where it is ready.
-    #[test]
-    fn serve_endpoints_are_distinct_ready_pods() {
-        let endpoint = |uid: &str, ready: Option<bool>| json!({"addresses": ["10.0.0.1"], "conditions": {"ready": ready}, "targetRef": {"kind": "Pod", "uid": uid}});
-        let slice = |endpoints: Vec<serde_json::Value>| -> EndpointSlice {
-            serde_json::from_value(
-                json!({"metadata": {"name": "s"}, "addressType": "IPv4", "endpoints": endpoints}),
-            )
-            .unwrap()
-        };
-        let slices = [
-            slice(vec![
-                endpoint("a", Some(true)),
-                endpoint("b", Some(false)),
-                endpoint("c", None),
-            ]),
-            slice(vec![endpoint("a", Some(true)), endpoint("d", Some(true))]),
-            slice(vec![
-                json!({"addresses": ["10.0.0.9"], "conditions": {"ready": true}}),
-            ]),
-        ];
-        assert_eq!(ready_pods(&slices), 2);
-        assert_eq!(ready_pods(&[]), 0);
-    }
+    use super::merge_patch;
 
     /// A pass abandoned at its timeout stops: its task is aborted, so it writes nothing afterwards.
     #[tokio::test]

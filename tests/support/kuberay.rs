@@ -6,7 +6,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
@@ -17,26 +17,6 @@ use serde_json::{Value, json};
 /// Addresses of Pods and Services that have no host behind them (10.250.0.0/24 is never a head's).
 pub const MADE_UP_POD_IP: &str = "10.250.0.12";
 pub const MADE_UP_SERVICE_IP: &str = "10.250.0.11";
-
-/// The node the stand-ins bind their Pods to. kube-controller-manager lists a Pod in its Services'
-/// EndpointSlices (which rayshift counts serve endpoints from) only on a node that exists. Nothing runs it:
-/// kwok takes only nodes annotated for it.
-pub const STAND_IN_NODE: &str = "rayshift-stand-in";
-
-/// Creates `STAND_IN_NODE` unless it exists (test binaries share their control plane).
-pub async fn stand_in_node(client: &Client) -> Result<(), kube::Error> {
-    let node: Node = serde_json::from_value(
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": STAND_IN_NODE}}),
-    )
-    .unwrap();
-    match Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await
-    {
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        other => other.map(drop),
-    }
-}
 
 #[derive(Clone, Default)]
 pub struct KubeRayStandIn {
@@ -60,10 +40,6 @@ impl KubeRayStandIn {
         let all = me.all_heads_broken.clone();
         let ns = ns.to_string();
         let task = tokio::spawn(async move {
-            while let Err(e) = stand_in_node(&client).await {
-                eprintln!("kuberay stand-in: its node: {e}");
-                tokio::time::sleep(Duration::from_millis(150)).await;
-            }
             loop {
                 if let Err(e) = pass(&client, &ns, &all).await {
                     eprintln!("kuberay stand-in: {e}");
@@ -120,8 +96,7 @@ async fn pass(client: &Client, ns: &str, broken: &std::sync::atomic::AtomicBool)
                     "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pod_name, "ownerReferences": owner,
                                  "labels": {"ray.io/cluster": name, "ray.io/node-type": node_type, "ray.io/serve": serve}},
-                    "spec": {"nodeName": STAND_IN_NODE,
-                             "containers": [{"name": ray_container, "image": "rayproject/ray"}, {"name": "log-sidecar", "image": "busybox"}]}
+                    "spec": {"containers": [{"name": ray_container, "image": "rayproject/ray"}, {"name": "log-sidecar", "image": "busybox"}]}
                 }))
                 .unwrap();
                 pods.create(&PostParams::default(), &pod).await?;
