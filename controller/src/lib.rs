@@ -249,12 +249,30 @@ async fn run_controller(
     let gateway_api = detect_gateway_api(&client, ns, &ctx).await;
     let forget_task = forget_deleted(api(&client, ns), ctx.clone(), config.readiness.clone());
     // The trigger streams fill the read caches: a change is in the store before it wakes a pass.
-    let cluster_stream = indexed(&client, ns, owned(), fills.clusters, fills.clusters_by_owner);
-    let head_stream = indexed(&client, ns, head_pods(), fills.heads, fills.heads_by_cluster);
-    let worker_stream = serving_worker_stream(&client, ns, fills.workers, fills.workers_by_cluster);
+    let cluster_stream = indexed(
+        &client,
+        ns,
+        owned(),
+        (fills.clusters, fills.clusters_by_owner),
+        trim,
+    );
+    let head_stream = indexed(
+        &client,
+        ns,
+        head_pods(),
+        (fills.heads, fills.heads_by_cluster),
+        trim,
+    );
+    let worker_stream = indexed(
+        &client,
+        ns,
+        serving_workers(),
+        (fills.workers, fills.workers_by_cluster),
+        slim,
+    );
     let (rayservices, rayservice_writer) = reflector::store::<RayService>();
     let rayservice_stream =
-        reflected(services, watcher::Config::default(), rayservice_writer).applied_objects();
+        reflected(services, watcher::Config::default(), rayservice_writer, trim).applied_objects();
     let mut controller = Controller::for_stream(rayservice_stream, rayservices)
         .with_config(controller::Config::default().concurrency(config.options.concurrency))
         .trigger_backoff(NoPause)
@@ -480,21 +498,21 @@ fn cached<K>(
 where
     K: Watched + kube::Resource<Scope = kube::core::NamespaceResourceScope>,
 {
-    reflected(api::<K>(client, ns), config, writer).touched_objects()
+    reflected(api::<K>(client, ns), config, writer, trim).touched_objects()
 }
 
-/// `cached`, with `index` following the cache.
+/// `cached`, with `index` following the cache, and `keep` deciding what of an object the cache keeps.
 fn indexed<K>(
     client: &Client,
     ns: Option<&str>,
     config: watcher::Config,
-    writer: reflector::store::Writer<K>,
-    index: LabelIndex,
+    (writer, index): (reflector::store::Writer<K>, LabelIndex),
+    keep: fn(&mut K),
 ) -> impl futures::Stream<Item = std::result::Result<K, watcher::Error>> + Send + 'static
 where
     K: Watched + kube::Resource<Scope = kube::core::NamespaceResourceScope>,
 {
-    reflected(api::<K>(client, ns), config, writer)
+    reflected(api::<K>(client, ns), config, writer, keep)
         .map(move |event| {
             if let Ok(event) = &event {
                 index.apply(event);
@@ -504,15 +522,16 @@ where
         .touched_objects()
 }
 
-/// A watch, retried with `RecoveryBackoff`, whose events fill a read cache.
+/// A watch, retried with `RecoveryBackoff`, whose events fill a read cache with what `keep` leaves of each object.
 fn reflected<K: Watched>(
     api: Api<K>,
     config: watcher::Config,
     writer: reflector::store::Writer<K>,
+    keep: fn(&mut K),
 ) -> impl futures::Stream<Item = std::result::Result<watcher::Event<K>, watcher::Error>> + Send + 'static {
     watcher(api, config)
         .backoff(RecoveryBackoff::new())
-        .modify(trim)
+        .modify(keep)
         .reflect(writer)
 }
 
@@ -554,26 +573,9 @@ fn head_pods() -> watcher::Config {
 }
 
 /// Worker Pods while they carry the serve label, for `numServeEndpoints` without a Pod list per pass: a worker
-/// that leaves the serve Service leaves the watch. Worker Pods can be thousands, so only their labels and
-/// conditions are kept.
-fn serving_worker_stream(
-    client: &Client,
-    ns: Option<&str>,
-    writer: reflector::store::Writer<Pod>,
-    index: LabelIndex,
-) -> impl futures::Stream<Item = std::result::Result<Pod, watcher::Error>> + Send + 'static {
-    let config = watcher::Config::default().labels("ray.io/node-type=worker,ray.io/serve=true");
-    watcher(api::<Pod>(client, ns), config)
-        .backoff(RecoveryBackoff::new())
-        .modify(slim)
-        .reflect(writer)
-        .map(move |event| {
-            if let Ok(event) = &event {
-                index.apply(event);
-            }
-            event
-        })
-        .touched_objects()
+/// that leaves the serve Service leaves the watch. Worker Pods can be thousands, so the cache keeps them `slim`.
+fn serving_workers() -> watcher::Config {
+    watcher::Config::default().labels("ray.io/node-type=worker,ray.io/serve=true")
 }
 
 /// A Pod as a count of serving Pods reads it: its name, labels, deletion and conditions.
@@ -614,7 +616,7 @@ fn forget_deleted(
 ) -> tokio::task::JoinHandle<()> {
     let (rayservices, writer) = reflector::store::<Listed>();
     tokio::spawn(
-        reflected(services, watcher::Config::default(), writer).for_each(move |event| {
+        reflected(services, watcher::Config::default(), writer, trim).for_each(move |event| {
             if let Ok(event) = event {
                 if matches!(event, watcher::Event::InitDone) {
                     readiness.set_synced(true);
