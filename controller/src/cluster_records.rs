@@ -106,12 +106,23 @@ impl ClusterRecords {
         version: &str,
         value: &str,
     ) -> bool {
+        self.serve_label_over(owner, cluster, pod_uid, version) == Some(value)
+    }
+
+    /// The serve label this controller wrote over the version of the Pod a cache still shows, if it did.
+    pub fn serve_label_over(
+        &self,
+        owner: &str,
+        cluster: &str,
+        pod_uid: &str,
+        version: &str,
+    ) -> Option<&'static str> {
         let write = self
             .by_owner
             .get(owner)
             .and_then(|c| c.get(cluster))
-            .and_then(|r| r.serve_label.as_ref());
-        write.is_some_and(|w| w.pod_uid == pod_uid && w.replaced_version == version && w.value == value)
+            .and_then(|r| r.serve_label.as_ref())?;
+        (write.pod_uid == pod_uid && write.replaced_version == version).then_some(write.value)
     }
 
     /// Keeps only the records of `clusters` (the active and pending ones) of this owner.

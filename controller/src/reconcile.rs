@@ -562,7 +562,7 @@ async fn lifecycle_status(
         .filter(|p| Some(*p) != s.decision.serve_target.as_ref());
     let mut endpoints = 0;
     for cluster in [s.decision.serve_target.as_ref(), pending].into_iter().flatten() {
-        endpoints += serve_endpoints(ctx, ns, cluster).await?;
+        endpoints += serve_endpoints(ctx, &rs.uid().unwrap_or_default(), ns, cluster).await?;
     }
     let views = (s.seen.clusters.iter())
         .map(|(name, c)| (name.clone(), cluster_view(c)))
@@ -956,11 +956,15 @@ fn pod_ready(pod: &Pod) -> bool {
 }
 
 /// Serving Pods behind a cluster's serve Service (Ready and carrying the serve label): its head and serving
-/// workers from the caches, or listed where the context has none.
-async fn serve_endpoints(ctx: &Context, ns: &str, cluster: &str) -> Result<i32> {
+/// workers from the caches, or listed where the context has none. A head's serve label written earlier in
+/// this pass counts at once, as a list after the write would show it.
+async fn serve_endpoints(ctx: &Context, owner: &str, ns: &str, cluster: &str) -> Result<i32> {
     let pods = match &ctx.caches {
         Some(caches) => {
-            let mut pods = caches.heads_of(ns, cluster).await?;
+            let heads = caches.heads_of(ns, cluster).await?;
+            let mut pods: Vec<Pod> = (heads.into_iter())
+                .map(|head| with_written_serve_label(ctx, owner, cluster, head))
+                .collect();
             pods.extend(caches.serving_workers_of(ns, cluster).await?);
             pods
         }
@@ -973,6 +977,19 @@ async fn serve_endpoints(ctx: &Context, ns: &str, cluster: &str) -> Result<i32> 
     };
     let ready = pods.iter().filter(|p| in_serve_service(p)).count();
     Ok(i32::try_from(ready).unwrap_or(i32::MAX))
+}
+
+/// The head as the cache will show it once it catches up with the serve label this controller wrote.
+fn with_written_serve_label(ctx: &Context, owner: &str, cluster: &str, mut head: Pod) -> Pod {
+    let (uid, version) = (
+        head.uid().unwrap_or_default(),
+        head.resource_version().unwrap_or_default(),
+    );
+    if let Some(value) = ctx.records().serve_label_over(owner, cluster, &uid, &version) {
+        head.labels_mut()
+            .insert(SERVE_LABEL.to_string(), value.to_string());
+    }
+    head
 }
 
 /// Taking over from KubeRay (a handover): each of the RayService's clusters that KubeRay built gets
