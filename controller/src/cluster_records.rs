@@ -43,20 +43,35 @@ impl ClusterRecords {
             .or_default()
     }
 
-    /// The last scheduling check of a cluster's Pods, if it is younger than `fresh` (a pass waiting for capacity
-    /// comes every few tens of milliseconds; its Pods need not be listed as often).
-    pub fn stall_checked(
-        &self,
+    /// What is known of a cluster's scheduling stall, or None when its Pods are due a list. A wait for capacity
+    /// that has just begun counts as no stall for one `fresh` period without a list: most waits end within a
+    /// serve poll, and 50 upgrades at once would otherwise list Pods at every capacity raise. After that, one
+    /// list per `fresh` (a pass waiting for capacity comes every few tens of milliseconds).
+    pub fn stall_known(
+        &mut self,
         owner: &str,
         cluster: &str,
         fresh: std::time::Duration,
     ) -> Option<Option<Stall>> {
-        let (at, stall) = self.by_owner.get(owner)?.get(cluster)?.scheduling.as_ref()?;
-        (at.elapsed() < fresh).then(|| stall.clone())
+        let record = self.record(owner, cluster);
+        match &record.scheduling {
+            None => {
+                record.scheduling = Some((std::time::Instant::now(), None));
+                Some(None)
+            }
+            Some((at, stall)) => (at.elapsed() < fresh).then(|| stall.clone()),
+        }
     }
 
     pub fn set_stall(&mut self, owner: &str, cluster: &str, stall: Option<Stall>) {
         self.record(owner, cluster).scheduling = Some((std::time::Instant::now(), stall));
+    }
+
+    /// The cluster's capacity arrived: the next wait for it starts afresh.
+    pub fn capacity_arrived(&mut self, owner: &str, cluster: &str) {
+        if let Some(r) = self.by_owner.get_mut(owner).and_then(|c| c.get_mut(cluster)) {
+            r.scheduling = None;
+        }
     }
 
     pub fn pushed_config(&self, owner: &str, cluster: &str) -> Option<&str> {
@@ -145,6 +160,10 @@ impl ClusterRecords {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use rayshift_api::stall::Stall;
+
     use super::{ClusterRecords, LabelWrite};
 
     #[test]
@@ -162,6 +181,39 @@ mod tests {
         assert_eq!(r.capacity_read("uid", "llm-b", 75, true), 1, "per cluster");
         r.forget_owner("uid");
         assert_eq!(r.capacity_read("uid", "llm-a", 75, true), 1);
+    }
+
+    fn stall() -> Stall {
+        Stall {
+            shortfalls: Vec::new(),
+            message: "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.".into(),
+        }
+    }
+
+    #[test]
+    fn a_wait_for_capacity_lists_pods_only_after_its_first_period() {
+        let (hour, now) = (Duration::from_secs(3600), Duration::ZERO);
+        let mut r = ClusterRecords::default();
+        assert_eq!(
+            r.stall_known("uid", "llm-a", now),
+            Some(None),
+            "just began: no list"
+        );
+        assert_eq!(
+            r.stall_known("uid", "llm-a", now),
+            None,
+            "still waiting: due a list"
+        );
+        r.set_stall("uid", "llm-a", Some(stall()));
+        assert_eq!(r.stall_known("uid", "llm-a", hour), Some(Some(stall())));
+        assert_eq!(
+            r.stall_known("uid", "llm-a", now),
+            None,
+            "older than fresh: list again"
+        );
+        r.capacity_arrived("uid", "llm-a");
+        assert_eq!(r.stall_known("uid", "llm-a", now), Some(None), "a new wait");
+        assert_eq!(r.stall_known("uid", "llm-b", hour), Some(None), "per cluster");
     }
 
     #[test]

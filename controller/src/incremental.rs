@@ -321,7 +321,11 @@ async fn observe(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatu
     let pending = seen(p.pending, p.pending_serve, p.pending_serving, Role::Pending);
     let pending_stall = match (&pending, both) {
         (Some(c), true) if !(c.reachable && c.capacity_verified) => pending_stall(p, &c.name).await?,
-        _ => None,
+        (Some(c), _) => {
+            p.ctx.records().capacity_arrived(&owner, &c.name);
+            None
+        }
+        (None, _) => None,
     };
     Ok(Observation {
         active: seen(p.active, p.active_serve, p.active_serving, Role::Active),
@@ -334,11 +338,11 @@ async fn observe(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatu
 }
 
 /// What the pending cluster's Pods lack, asked while the upgrade waits for its capacity (so a settled
-/// RayService costs no Pod list), at most once per serve poll.
+/// RayService costs no Pod list), from one serve poll into the wait on, at most once per serve poll.
 async fn pending_stall(p: &Pass<'_>, cluster: &str) -> Result<Option<rayshift_api::stall::Stall>> {
     let owner = p.rs.uid().unwrap_or_default();
     let fresh = p.ctx.options.serve_poll_interval;
-    if let Some(known) = p.ctx.records().stall_checked(&owner, cluster, fresh) {
+    if let Some(known) = p.ctx.records().stall_known(&owner, cluster, fresh) {
         return Ok(known);
     }
     let pods: Api<Pod> = Api::namespaced(p.ctx.client.clone(), p.ns);
