@@ -39,8 +39,11 @@ use crate::{
 /// How long before a traffic step is due the pass that makes it starts. Without it a step lands when a pass
 /// started at its due instant reaches the route write: measured with the read caches, 20–200 ms late with two
 /// upgrades on two cores (a pass woken by this controller's own writes can hold the object just then), so the
-/// pass observes early and decides again at the due instant.
-const STEP_LEAD: SignedDuration = SignedDuration::from_millis(250);
+/// pass observes early and decides again at the due instant. It sleeps through the rest of the lead in its
+/// reconcile slot: too long a lead keeps other due steps out of the slots, too short a one leaves too little
+/// time to observe. With 50 steps due at once at 1,000 RayServices, 250 ms kept 136–145 of 150 on time, 120 ms
+/// 147–149, 60 ms 128 (BENCHMARKS.md, "The step lead").
+const STEP_LEAD: SignedDuration = SignedDuration::from_millis(120);
 
 /// What the incremental pass needs from the reconcile that calls it.
 pub struct Pass<'a> {
