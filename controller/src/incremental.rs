@@ -42,7 +42,7 @@ use crate::{
 /// pass observes early and decides again at the due instant. It sleeps through the rest of the lead in its
 /// reconcile slot: too long a lead keeps other due steps out of the slots, too short a one leaves too little
 /// time to observe. With 50 steps due at once at 1,000 RayServices, 250 ms kept 136–145 of 150 on time, 120 ms
-/// 147–149, 60 ms 128 (BENCHMARKS.md, "The step lead").
+/// 147–150, 60 ms 128 (BENCHMARKS.md, "The step lead").
 const STEP_LEAD: SignedDuration = SignedDuration::from_millis(120);
 
 /// What the incremental pass needs from the reconcile that calls it.
