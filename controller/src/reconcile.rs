@@ -319,12 +319,15 @@ async fn observe(rs: &RayService, ctx: &Context, previous: &RayServiceStatuses) 
         Some(caches) => caches.clusters_of(&ns, &rs.name_any()).await?,
         None => list_clusters(ctx, &ns, &rs.name_any()).await?,
     };
-    let mut clusters = BTreeMap::new();
-    for cluster in listed {
+    // The clusters' Serve reads side by side: a pass waits for one dashboard answer, not one per cluster
+    // (a step's pass observes inside its lead, and every pass holds a reconcile slot while it waits).
+    let seen = futures::future::try_join_all(listed.into_iter().map(|cluster| {
         let name = cluster.name_any();
         let watched = Some(&name) == active.as_ref() || Some(&name) == pending.as_ref();
-        clusters.insert(name, observe_cluster(ctx, &ns, cluster, watched).await?);
-    }
+        observe_cluster(ctx, &ns, cluster, watched)
+    }))
+    .await?;
+    let clusters = seen.into_iter().map(|s| (s.cluster.name_any(), s)).collect();
     Ok(Observation {
         incremental: incremental(rs, ctx),
         active,
@@ -408,16 +411,18 @@ async fn apply(
         pushed,
         proxy_failing: false,
     };
-    for name in [&decision.active, &decision.pending].into_iter().flatten() {
-        if let Some((s, pod)) = seen
-            .clusters
-            .get(name)
-            .filter(|s| s.head_ready)
-            .and_then(|s| Some((s, s.head_pod.as_ref()?)))
-        {
-            applied.proxy_failing |=
-                update_head_serve_label(rs, ctx, &ns, &s.cluster.name_any(), pod).await?;
-        }
+    // Both heads' proxy checks side by side, as the Serve reads.
+    let labels = [&decision.active, &decision.pending]
+        .into_iter()
+        .flatten()
+        .filter_map(|name| seen.clusters.get(name).filter(|s| s.head_ready))
+        .filter_map(|s| Some((s.cluster.name_any(), s.head_pod.as_ref()?)))
+        .map(|(cluster, pod)| {
+            let ns = ns.as_str();
+            async move { update_head_serve_label(rs, ctx, ns, &cluster, pod).await }
+        });
+    for failing in futures::future::try_join_all(labels).await? {
+        applied.proxy_failing |= failing;
     }
     if let Some(target) = &decision.serve_target {
         let head = children::head_service(rs, target, ctx.options.head_cluster_ip);
