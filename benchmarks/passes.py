@@ -7,9 +7,12 @@ RAYSHIFT_SCALE_LOG set so and RAYSHIFT_TEST_CONTROLLER_LOG_FILE naming the file)
 phase (3 s before the first traffic step to the last one):
 - passes, their total length (slot-seconds) and how busy the `--concurrency` slots were on average;
 - the same per trigger, the passes that wrote a traffic step apart;
-- how late requeued passes started after the instant they asked for (waiting for a slot).
+- how late requeued passes started after the instant they asked for (waiting for a slot);
+- each step written over 100 ms after its due instant (the previous step + INTERVAL), with the pass that wrote
+  it and the wake-up the RayService's pass before it asked for: a wake asked for the due instant itself had no
+  lead; one asked for before the lead whose pass started later waited for a slot.
 
-Usage: benchmarks/passes.py LOG [CONCURRENCY]
+Usage: benchmarks/passes.py LOG [CONCURRENCY] [INTERVAL_SECONDS]
 """
 
 import collections
@@ -19,7 +22,7 @@ from datetime import datetime
 
 PASS = re.compile(
     r"object\.ref=RayService\.v1\.ray\.io/(\S+) object\.reason=([^}]*)\}.*pass ended "
-    r"started=(\S+) ms=(\d+) next=(.*)"
+    r"started=(\S+) ms=(\d+)(?: queued_ms=\d+)? next=(.*)"
 )
 STEP = re.compile(r"reconcile\{rayservice=(\S+) namespace=\S+\}.*traffic step written")
 REQUEUE = re.compile(r"requeue_after: Some\(([\d.]+)(ns|µs|ms|s)\)")
@@ -89,6 +92,44 @@ def main():
         pick = lambda q: delays[min(len(delays) - 1, int(q * len(delays)))]
         print(f"requeued passes started late by: p50 {1000 * pick(0.5):.0f} ms, p90 {1000 * pick(0.9):.0f} ms, "
               f"max {1000 * delays[-1]:.0f} ms ({len(delays)} requeues of 200 ms or more)")
+    interval = float(sys.argv[3]) if len(sys.argv) > 3 else 2.0
+    late_steps(steps, by_name, interval)
+
+
+def late_steps(steps, by_name, interval):
+    """Each step written over 100 ms after it was due, and why its pass came when it did."""
+    by_rs = collections.defaultdict(list)
+    for name, t in steps:
+        by_rs[name].append(t)
+    causes = collections.Counter()
+    rows = []
+    for name, times in by_rs.items():
+        runs = by_name.get(name, [])
+        for t0, t1 in zip(sorted(times), sorted(times)[1:]):
+            due = t0 + interval
+            if t1 - due <= 0.1:
+                continue
+            writer = next((p for p in runs if p[2] <= t1 <= p[3] + 0.001), None)
+            before = [p for p in runs if writer and p[3] <= writer[2] + 0.001 and p is not writer]
+            asked = before[-1][3] + before[-1][4] if before and before[-1][4] is not None else None
+            if writer is None:
+                cause = "no pass found"
+            elif asked is not None and abs(asked - due) < 0.03:
+                cause = "woken at the due instant (no lead)"
+            elif asked is not None and asked < due and writer[2] - asked > 0.05:
+                cause = "waited for a slot"
+            else:
+                cause = "slow pass"
+            causes[cause] += 1
+            rows.append((t1 - due, name, cause, writer, due, asked))
+    print(f"steps over 100 ms late: {len(rows)}", dict(causes))
+    for late, name, cause, writer, due, asked in sorted(rows, reverse=True)[:20]:
+        start = f"{1000 * (writer[2] - due):+.0f}" if writer else "?"
+        length = f"{1000 * (writer[3] - writer[2]):.0f}" if writer else "?"
+        wake = f"{1000 * (asked - due):+.0f}" if asked is not None else "?"
+        trigger = writer[1] if writer else "?"
+        print(f"  {name:40} {1000 * late:5.0f} ms late: {cause}; pass started {start} ms from due, "
+              f"{length} ms long, woken by {trigger}; the pass before asked for {wake} ms")
 
 
 if __name__ == "__main__":

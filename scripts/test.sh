@@ -37,7 +37,7 @@ began=$SECONDS
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee -a "$log" || touch "$logs/failed"
 echo "cargo test (build and run) took $((SECONDS - began))s"
 passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
-failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$log" | awk '{s+=$6} END {print s+0}')
 
 step "no control-plane, webhook, controller, Ray or Traefik process left behind"
 cache_bin=$(bash tests/env/control-plane.sh bin)

@@ -139,6 +139,10 @@ pub struct Observed {
     pub pending_capacity_ready: bool,
     /// The same for the active cluster (checked before traffic moves back to it).
     pub active_capacity_ready: bool,
+    /// The last read found the pending cluster's capacity, whether or not enough reads in a row verified it.
+    pub pending_capacity_found: bool,
+    /// The same for the active cluster.
+    pub active_capacity_found: bool,
     /// The pending cluster's dashboard answers, so its capacity can be changed.
     pub pending_reachable: bool,
     /// The pending cluster's Pods cannot be scheduled for lack of a resource.
@@ -460,6 +464,8 @@ fn fresh_start(now: Timestamp) -> Observed {
         route_ready: true,
         pending_capacity_ready: true,
         active_capacity_ready: true,
+        pending_capacity_found: true,
+        active_capacity_found: true,
         pending_reachable: true,
         pending_stalled: false,
         paused: false,
@@ -474,6 +480,8 @@ fn ready_at_once(obs: &Observed) -> Observed {
         route_ready: true,
         pending_capacity_ready: true,
         active_capacity_ready: true,
+        pending_capacity_found: true,
+        active_capacity_found: true,
         pending_reachable: true,
         pending_stalled: false,
         paused: false,

@@ -143,6 +143,8 @@ pub struct Context {
     pub(crate) prometheus: Option<crate::slo::Prometheus>,
     /// Failed passes in a row per RayService: when each runs again.
     pub(crate) retries: crate::retry::Retries,
+    /// The `--concurrency` bound, due traffic steps first.
+    pub(crate) slots: Arc<crate::slots::ReconcileSlots>,
 }
 
 /// Read caches fed by the controller's own trigger streams: an object's change reaches its store before it
@@ -311,6 +313,7 @@ impl Context {
     ) -> Self {
         Self {
             retries: crate::retry::Retries::new(metrics.failing_rayservices()),
+            slots: crate::slots::ReconcileSlots::new(options.concurrency),
             events: EventLog::new(client.clone(), "rayshift", std::env::var("POD_NAME").ok()),
             client,
             dashboard,

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
+    runtime::reflector::ObjectRef,
 };
 use rayshift_api::{
     RayCluster, RayService,
@@ -39,10 +40,10 @@ use crate::{
 /// How long before a traffic step is due the pass that makes it starts. Without it a step lands when a pass
 /// started at its due instant reaches the route write: measured with the read caches, 20–200 ms late with two
 /// upgrades on two cores (a pass woken by this controller's own writes can hold the object just then), so the
-/// pass observes early and decides again at the due instant. It sleeps through the rest of the lead in its
-/// reconcile slot: too long a lead keeps other due steps out of the slots, too short a one leaves too little
-/// time to observe. With 50 steps due at once at 1,000 RayServices, 250 ms kept 136–145 of 150 on time, 120 ms
-/// 147–150, 60 ms 128 (BENCHMARKS.md, "The step lead").
+/// pass observes early and decides again at the due instant. It gives its reconcile slot back through the
+/// rest of the lead and takes one again first at the due instant (`slots`). Too short a lead leaves too little
+/// time to observe. Measured while the pass held its slot through the lead, with 50 steps due at once at 1,000
+/// RayServices: 250 ms kept 136–145 of 150 on time, 120 ms 147–150, 60 ms 128 (BENCHMARKS.md, "The step lead").
 const STEP_LEAD: SignedDuration = SignedDuration::from_millis(120);
 
 /// What the incremental pass needs from the reconcile that calls it.
@@ -93,11 +94,18 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
     {
         let left = due.duration_since(Timestamp::now());
         if left.is_positive() {
-            tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64())).await;
+            let lead = tokio::time::sleep(Duration::from_secs_f64(left.as_secs_f64()));
+            p.ctx.slots.away_until(due, lead).await;
         }
         decision = upgrade::decide(&seen, status, &settings, Timestamp::now().max(due));
     }
     apply(p, &attachment, &decision).await?;
+    // While it steps, this RayService's passes near its next step's due instant go first for a slot.
+    let next_due = (decision.status.pending_service_status.is_some())
+        .then(|| upgrade::decide::last_step_time(&decision.status))
+        .flatten()
+        .map(|last| last + settings.options.interval);
+    p.ctx.slots.next_step(ObjectRef::from_obj(p.rs), next_due);
     *status = decision.status;
     let wake = match decision.step_due {
         Some(due) => Some(due - STEP_LEAD),
@@ -316,6 +324,7 @@ async fn observe(p: &Pass<'_>, attachment: &Attachment, status: &RayServiceStatu
                 spec_digest: c.annotations().get(SPEC_HASH_ANNOTATION).cloned(),
                 reachable: serve.is_some(),
                 capacity_verified: reads >= CAPACITY_VERIFIED_READS,
+                capacity_found: verified,
                 serve_capacity: serve.and_then(|s| s.target_capacity).map(|c| c.round() as i32),
             }
         })

@@ -16,6 +16,7 @@ mod rayservice_gauges;
 pub mod reconcile;
 pub mod retry;
 pub mod slo;
+pub mod slots;
 pub mod waiting;
 
 use std::{sync::Arc, time::Duration};
@@ -274,7 +275,9 @@ async fn run_controller(
     let rayservice_stream =
         reflected(services, watcher::Config::default(), rayservice_writer, trim).applied_objects();
     let mut controller = Controller::for_stream(rayservice_stream, rayservices)
-        .with_config(controller::Config::default().concurrency(config.options.concurrency))
+        // `ctx.slots` holds `--concurrency`, due traffic steps first, among the passes kube-runtime starts:
+        // enough more for every upgrade's pass to be among them, not one per RayService (each costs memory).
+        .with_config(controller::Config::default().concurrency(config.options.concurrency.saturating_mul(8)))
         .trigger_backoff(NoPause)
         .reconcile_on(started.unsettled)
         .owns_stream(cluster_stream)
@@ -282,8 +285,10 @@ async fn run_controller(
     if gateway_api {
         controller = watch_gateway_api(controller, &client, ns, fills.gateway_api).await;
     }
+    let slots = ctx.slots.clone();
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
+        slots.close();
     };
     let (clusters, worker_clusters) = (fills.cluster_store.clone(), fills.cluster_store);
     controller

@@ -62,6 +62,11 @@ struct Seen {
 const PASS_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Action> {
+    let queued = Timestamp::now();
+    let Some(slot) = ctx.slots.take(&ObjectRef::from_obj(&*cached)).await else {
+        // The controller is stopping: this pass does not run.
+        return Ok(Action::await_change());
+    };
     let _timer = ctx.metrics.reconcile_timer();
     let started = Timestamp::now();
     // Every log line of the pass names its RayService.
@@ -78,7 +83,10 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     // Each pass is a task of its own: kube-runtime polls every running reconcile from one task, where a pass
     // whose reply had arrived sometimes was not polled again until its timeout (BENCHMARKS.md, the stall), and
     // where all passes shared one thread.
-    let task = spawn_pass(tracing::Instrument::instrument(run, span));
+    let task = spawn_pass(crate::slots::holding(
+        slot,
+        tracing::Instrument::instrument(run, span),
+    ));
     let result = match tokio::time::timeout(PASS_TIMEOUT, task).await {
         Ok(Ok(result)) => result,
         // Only a panic ends it without a result: it is aborted only once nobody awaits it.
@@ -90,7 +98,8 @@ pub async fn reconcile(cached: Arc<RayService>, ctx: Arc<Context>) -> Result<Act
     };
     // Inside kube-runtime's span, which names the trigger: what held the reconcile slots, and how long.
     let ms = Timestamp::now().duration_since(started).as_millis();
-    tracing::debug!(target: "rayshift::pass", %started, ms, next = ?result.as_ref().ok(), "pass ended");
+    let queued_ms = started.duration_since(queued).as_millis();
+    tracing::debug!(target: "rayshift::pass", %started, ms, queued_ms, next = ?result.as_ref().ok(), "pass ended");
     // Deleted while this pass ran: whatever it published or counted is dropped again, in one place.
     if ctx.was_deleted(&cached) {
         ctx.metrics

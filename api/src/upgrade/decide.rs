@@ -56,6 +56,8 @@ pub struct ClusterSeen {
     /// the cluster's serve Service has a ready endpoint (a Gateway could not send it a share otherwise), in
     /// [`super::CAPACITY_VERIFIED_READS`] reads in a row.
     pub capacity_verified: bool,
+    /// This read found that capacity, verified or not yet in enough reads in a row: one more read confirms it.
+    pub capacity_found: bool,
     /// The `target_capacity` Serve reported, when its dashboard answered and one was set.
     pub serve_capacity: Option<i32>,
 }
@@ -380,6 +382,8 @@ fn steer(
         route_ready: seen.route_ready,
         pending_capacity_ready: pending.reachable && pending.capacity_verified,
         active_capacity_ready: active.reachable && active.capacity_verified,
+        pending_capacity_found: pending.reachable && pending.capacity_found,
+        active_capacity_found: active.reachable && active.capacity_found,
         pending_reachable: pending.reachable,
         pending_stalled: seen.pending_stall.is_some(),
         paused: s.control == Control::Pause,
@@ -498,17 +502,17 @@ fn expect_completion(d: &mut StepDecision, before: &Observed, s: &Settings, paci
 /// When to look again while a step waits for Serve. A step is due at `last step + interval` or at the
 /// instant its capacity is verified, whichever is later; that instant is only seen by reading Serve, so
 /// once the interval has passed Serve is read at the short capacity poll, and before that at the due
-/// instant (or the usual poll, if sooner).
+/// instant (or the usual poll, if sooner). A read that found the capacity is confirmed at the capacity poll,
+/// so the step is ready before its due instant (the controller comes a lead early for it) instead of being
+/// confirmed only at that instant and made late by the pass that confirms it.
 fn capacity_wake(o: &Observed, s: &Settings, reason: WaitReason) -> Timestamp {
-    let capacity = matches!(
-        reason,
-        WaitReason::PendingCapacityNotReady | WaitReason::ActiveCapacityNotReady
-    );
-    if !capacity {
-        return o.now + s.serve_poll;
-    }
+    let found = match reason {
+        WaitReason::PendingCapacityNotReady => o.pending_capacity_found,
+        WaitReason::ActiveCapacityNotReady => o.active_capacity_found,
+        _ => return o.now + s.serve_poll,
+    };
     match o.last_traffic_step.map(|t| t + s.options.interval) {
-        Some(due) if due > o.now => (o.now + s.serve_poll).min(due),
+        Some(due) if due > o.now && !found => (o.now + s.serve_poll).min(due),
         _ => o.now + s.capacity_poll,
     }
 }
@@ -797,6 +801,8 @@ pub fn observed_in_status(status: &RayServiceStatuses, control: Control, now: Ti
         route_ready: true,
         pending_capacity_ready: true,
         active_capacity_ready: true,
+        pending_capacity_found: true,
+        active_capacity_found: true,
         pending_reachable: true,
         pending_stalled: false,
         paused: control == Control::Pause,

@@ -110,6 +110,8 @@ fn swapped(obs: &Observed) -> Observed {
         pending: obs.active,
         pending_capacity_ready: obs.active_capacity_ready,
         active_capacity_ready: obs.pending_capacity_ready,
+        pending_capacity_found: obs.active_capacity_found,
+        active_capacity_found: obs.pending_capacity_found,
         // The cluster rolled back onto is the active one, which serves.
         pending_reachable: true,
         pending_stalled: false,

@@ -33,6 +33,8 @@ fn observed(active: (i32, i32), pending: (i32, i32)) -> Observed {
         route_ready: true,
         pending_capacity_ready: true,
         active_capacity_ready: true,
+        pending_capacity_found: true,
+        active_capacity_found: true,
         pending_reachable: true,
         pending_stalled: false,
         paused: false,
@@ -633,6 +635,7 @@ proptest! {
             spec_digest: Some(digest.into()),
             reachable: false,
             capacity_verified: false,
+            capacity_found: false,
             serve_capacity: None,
         };
         let mut seen = Observation {
@@ -667,6 +670,8 @@ proptest! {
                     let recorded = levels_of(&status);
                     a.capacity_verified = serve[0] == recorded.active.capacity;
                     p.capacity_verified = serve[1] == recorded.pending.capacity;
+                    a.capacity_found = a.capacity_verified;
+                    p.capacity_found = p.capacity_verified;
                     for c in [a, p] {
                         c.reachable = true;
                     }
@@ -782,6 +787,7 @@ fn both_ready() -> decide::Observation {
         spec_digest: Some(digest.into()),
         reachable: true,
         capacity_verified: true,
+        capacity_found: true,
         serve_capacity: None,
     };
     decide::Observation {
@@ -877,6 +883,34 @@ fn a_decided_pass_carries_its_events_conditions_and_wake() {
         ("False".into(), "WaitingForActiveCapacity".into())
     );
     assert_eq!(blocked.wake, Some(t(106)));
+}
+
+#[test]
+fn a_capacity_found_once_is_confirmed_at_the_capacity_poll_before_its_step_is_due() {
+    use crate::upgrade_control::Control;
+    let settings = decide_settings(Control::Run);
+    // A step at 103, then capacity follows (active down, pending up) as in the test above.
+    let mut d = decide(&both_ready(), &upgrade_status(), &settings, t(100));
+    for second in 101..106 {
+        d = decide(&both_ready(), &d.status, &settings, t(second));
+    }
+    let raised = d.status.clone();
+    assert_eq!(decide::last_step_time(&raised), Some(t(101)));
+    let mut seen = both_ready();
+    let pending = seen.pending.as_mut().unwrap();
+    // Not found: the next read comes at the serve poll, at most at the due instant.
+    pending.capacity_verified = false;
+    pending.capacity_found = false;
+    let waiting = decide(&seen, &raised, &settings, t(106));
+    assert_eq!((waiting.effect.clone(), waiting.step_due), (None, None));
+    assert_eq!(waiting.wake, Some(t(108)));
+    let close = decide(&seen, &raised, &settings, t(110));
+    assert_eq!(close.wake, Some(t(111)), "no later than the due instant");
+    // Found once, one read short of verified: confirmed at the capacity poll, not at the due instant.
+    seen.pending.as_mut().unwrap().capacity_found = true;
+    let found = decide(&seen, &raised, &settings, t(110));
+    assert_eq!(found.effect, None);
+    assert_eq!(found.wake, Some(t(110) + SignedDuration::from_millis(50)));
 }
 
 /// The real-Ray test found it: a pass lowered the active cluster's capacity, its status write conflicted
