@@ -105,7 +105,8 @@ def late_steps(steps, by_name, interval):
     rows = []
     for name, times in by_rs.items():
         runs = by_name.get(name, [])
-        for t0, t1 in zip(sorted(times), sorted(times)[1:]):
+        times.sort()
+        for t0, t1 in zip(times, times[1:]):
             due = t0 + interval
             if t1 - due <= 0.1:
                 continue
