@@ -370,9 +370,13 @@ async fn pending_stall(p: &Pass<'_>, cluster: &str) -> Result<Option<rayshift_ap
     Ok(stall)
 }
 
-/// The decision's one write, the route from the decided weights, then its metrics and events.
+/// The decision's Serve writes, the route from the decided weights, then its metrics and events.
 async fn apply(p: &Pass<'_>, attachment: &Attachment, decision: &StepDecision) -> Result<()> {
-    if let Some(Effect::TargetCapacity { role, percent, .. }) = &decision.effect {
+    // In order, each only once the one before it was written: a raise relies on its lowering.
+    for effect in &decision.effects {
+        let Effect::TargetCapacity { role, percent, .. } = effect else {
+            continue;
+        };
         let cluster = match role {
             Role::Active => p.active,
             Role::Pending => p.pending,

@@ -1,8 +1,8 @@
 //! One pass of an incremental upgrade, decided whole and without I/O: steering (abort, progress deadline,
 //! pause), the planner's next action, the status it leaves (levels, typed progress, conditions), the events
 //! and counts that follow, and when to look again. The controller observes, calls [`decide`], and applies
-//! the [`StepDecision`]: one Serve `target_capacity` PUT at most, the route from the status, the events,
-//! the status write.
+//! the [`StepDecision`]: its Serve `target_capacity` PUTs (one, or a lowering and the raise it makes room
+//! for), the route from the status, the events, the status write.
 
 use std::borrow::Cow;
 
@@ -75,7 +75,7 @@ pub struct Observation {
     pub pending_stall: Option<Stall>,
 }
 
-/// The one write the pass makes besides the route and the status.
+/// A write the pass makes besides the route and the status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
     /// PUT this cluster's own Serve config with this `target_capacity`.
@@ -136,7 +136,8 @@ pub enum Tally {
 pub struct StepDecision {
     /// The status to write (levels, progress and conditions of the upgrade).
     pub status: RayServiceStatuses,
-    pub effect: Option<Effect>,
+    /// In order: a raise that follows a lowering is written only once the lowering was.
+    pub effects: Vec<Effect>,
     pub notices: Vec<Notice>,
     pub tallies: Vec<Tally>,
     /// When to look again; `None`: only when something changes (or at the resync).
@@ -162,7 +163,7 @@ pub fn last_step_time(status: &RayServiceStatuses) -> Option<Timestamp> {
 pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now: Timestamp) -> StepDecision {
     let mut d = StepDecision {
         status: status.clone(),
-        effect: None,
+        effects: Vec::new(),
         notices: Vec::new(),
         tallies: Vec::new(),
         wake: None,
@@ -203,8 +204,50 @@ pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now
     if !act(&mut d, &sides, action, &pacing, s, now) {
         return d;
     }
+    raise_after_lowering(&mut d, &sides, action, &pacing, s);
     acted(&mut d, &observed, s, &pacing, now);
     d
+}
+
+/// A lowered capacity makes room for the other cluster's raise: planned again on the same observations and
+/// made in the same pass. The next pass would only have re-read the same levels (a raise never waits for a
+/// lowering to be verified), and with many upgrades at once that pass queued for a slot while the next step's
+/// interval ran (BENCHMARKS.md, "Capacity changes in one pass"). Nothing follows a raise: the next step
+/// needs the raised capacity verified by reads.
+fn raise_after_lowering(
+    d: &mut StepDecision,
+    u: &Sides<'_>,
+    done: Action,
+    pacing: &UpgradeOptions,
+    s: &Settings,
+) {
+    let capacity = |o: &Observed, role| match role {
+        Role::Active => o.active.capacity,
+        Role::Pending => o.pending.capacity,
+    };
+    let Action::SetTargetCapacity { role, percent } = done else {
+        return;
+    };
+    if percent >= capacity(u.observed, role) {
+        return;
+    }
+    let after = Observed {
+        active: Levels::from_status(d.status.active_service_status.as_ref(), Role::Active),
+        pending: Levels::from_status(d.status.pending_service_status.as_ref(), Role::Pending),
+        ..*u.observed
+    };
+    let next = next_action(pacing, &after);
+    let Action::SetTargetCapacity { role: other, percent } = next else {
+        return;
+    };
+    if other == role || percent <= capacity(&after, other) || slo_gate::holds(&next, &after, &d.status, s) {
+        return;
+    }
+    let sides = Sides {
+        observed: &after,
+        ..*u
+    };
+    set_target_capacity(d, &sides, other, percent);
 }
 
 /// The settings this pass decides with: paused when an SLO check just reached its limit with `Pause`.
@@ -299,7 +342,7 @@ fn restore_capacity(
         else {
             continue;
         };
-        d.effect = Some(Effect::TargetCapacity {
+        d.effects.push(Effect::TargetCapacity {
             role,
             cluster: cluster.name.clone(),
             percent: recorded,
@@ -518,6 +561,7 @@ fn capacity_wake(o: &Observed, s: &Settings, reason: WaitReason) -> Timestamp {
 }
 
 /// The two clusters of a running upgrade, as the pass began.
+#[derive(Clone, Copy)]
 struct Sides<'a> {
     active: &'a ClusterSeen,
     pending: &'a ClusterSeen,
@@ -545,7 +589,7 @@ fn set_target_capacity(d: &mut StepDecision, u: &Sides<'_>, role: Role, percent:
     if let Some(side) = side.as_mut() {
         side.target_capacity = Some(percent);
     }
-    d.effect = Some(Effect::TargetCapacity {
+    d.effects.push(Effect::TargetCapacity {
         role,
         cluster: cluster.name.clone(),
         percent,
@@ -582,7 +626,7 @@ fn set_traffic(d: &mut StepDecision, u: &Sides<'_>, active: i32, pending: i32) {
             side.last_traffic_migrated_time = Some(Time(now));
         }
     }
-    d.effect = Some(Effect::Traffic);
+    d.effects.push(Effect::Traffic);
     let (a, p) = (u.observed.active.traffic, u.observed.pending.traffic);
     let note = format!(
         "Moved traffic: {} {a}% → {active}%, {} {p}% → {pending}%{}",

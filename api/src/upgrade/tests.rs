@@ -702,8 +702,10 @@ proptest! {
                 prop_assert_eq!(slo, Some(crate::slo::OnFailure::Pause), "paused by a check that rolls back");
                 settings.control = Control::Pause;
             }
-            if let Some(Effect::TargetCapacity { cluster, percent, .. }) = &d.effect {
-                serve[usize::from(cluster == "p")] = *percent;
+            for effect in &d.effects {
+                if let Effect::TargetCapacity { cluster, percent, .. } = effect {
+                    serve[usize::from(cluster == "p")] = *percent;
+                }
             }
             let kept = !std::mem::take(&mut lose_status);
             if kept {
@@ -713,10 +715,10 @@ proptest! {
             prop_assert!(d.wake.is_some_and(|w| w > now), "every pass says when to look again");
             wake = d.wake.unwrap_or(now);
             if let Some(due) = d.step_due {
-                prop_assert!(due > now && d.effect.is_none());
+                prop_assert!(due > now && d.effects.is_empty());
             }
             let moved = d.notices.iter().filter(|n| n.reason == "UpdatedHTTPRoute").count();
-            prop_assert_eq!(moved, usize::from(d.effect == Some(Effect::Traffic)), "one event per traffic step");
+            prop_assert_eq!(moved, usize::from(d.effects.contains(&Effect::Traffic)), "one event per traffic step");
             if let Some(Tally::Finished { result, .. }) = d.tallies.iter().find(|t| matches!(t, Tally::Finished { .. })) {
                 if d.status.pending_service_status.is_none() && d.status.active_service_status.as_ref().unwrap().ray_cluster_name.as_deref() == Some("p") {
                     prop_assert!(!aborted && settings.goal_digest == "goal", "promoted an aborted or outdated upgrade");
@@ -753,7 +755,7 @@ proptest! {
             }
             let lowered = after.active.capacity < before.active.capacity || after.pending.capacity < before.pending.capacity;
             prop_assert!(!lowered || seen.route_ready, "capacity lowered before the route moved traffic off it");
-            if d.effect == Some(Effect::Traffic) {
+            if d.effects.contains(&Effect::Traffic) {
                 let due = last_step.map(|l| l + opts.interval);
                 prop_assert!(settings.control == Control::Promote || due.is_none_or(|d| now >= d), "a step before it was due");
             }
@@ -822,12 +824,12 @@ fn a_decided_pass_carries_its_events_conditions_and_wake() {
         t(100),
     );
     assert_eq!(
-        d.effect,
-        Some(Effect::TargetCapacity {
+        d.effects,
+        [Effect::TargetCapacity {
             role: Role::Pending,
             cluster: "p".into(),
             percent: 50
-        })
+        }]
     );
     assert_eq!(
         d.notices[0].note,
@@ -839,8 +841,8 @@ fn a_decided_pass_carries_its_events_conditions_and_wake() {
     // Paused: no effect, one UpgradePaused event, Progressing False; resumed: one UpgradeResumed event.
     let paused = decide(&both_ready(), &d.status, &decide_settings(Control::Pause), t(101));
     assert_eq!(
-        (paused.effect.clone(), paused.notices[0].reason),
-        (None, "UpgradePaused")
+        (paused.effects.clone(), paused.notices[0].reason),
+        (vec![], "UpgradePaused")
     );
     assert_eq!(progressing(&paused.status), ("False".into(), "Paused".into()));
     let again = decide(
@@ -858,7 +860,7 @@ fn a_decided_pass_carries_its_events_conditions_and_wake() {
     );
     assert_eq!(resumed.notices[0].reason, "UpgradeResumed");
     // The traffic step is stamped with the decision's instant; the next one is due an interval later.
-    assert_eq!(resumed.effect, Some(Effect::Traffic));
+    assert_eq!(resumed.effects, [Effect::Traffic]);
     assert_eq!(resumed.status.progress.last_traffic_step_time, Some(t(103)));
     // Capacity follows (active down, pending up), then the next step waits for its interval.
     let mut waiting = resumed.clone();
@@ -870,14 +872,14 @@ fn a_decided_pass_carries_its_events_conditions_and_wake() {
             t(second),
         );
     }
-    assert_eq!(waiting.effect, None);
+    assert!(waiting.effects.is_empty());
     assert_eq!(waiting.step_due, Some(t(113)));
     assert_eq!(waiting.wake, Some(t(113)));
     // The pending cluster's dashboard fails: a capacity change waits and says so.
     let mut seen = both_ready();
     seen.active.as_mut().unwrap().reachable = false;
     let blocked = decide(&seen, &resumed.status, &decide_settings(Control::Run), t(104));
-    assert_eq!(blocked.effect, None);
+    assert!(blocked.effects.is_empty());
     assert_eq!(
         progressing(&blocked.status),
         ("False".into(), "WaitingForActiveCapacity".into())
@@ -902,14 +904,14 @@ fn a_capacity_found_once_is_confirmed_at_the_capacity_poll_before_its_step_is_du
     pending.capacity_verified = false;
     pending.capacity_found = false;
     let waiting = decide(&seen, &raised, &settings, t(106));
-    assert_eq!((waiting.effect.clone(), waiting.step_due), (None, None));
+    assert_eq!((waiting.effects.clone(), waiting.step_due), (vec![], None));
     assert_eq!(waiting.wake, Some(t(108)));
     let close = decide(&seen, &raised, &settings, t(110));
     assert_eq!(close.wake, Some(t(111)), "no later than the due instant");
     // Found once, one read short of verified: confirmed at the capacity poll, not at the due instant.
     seen.pending.as_mut().unwrap().capacity_found = true;
     let found = decide(&seen, &raised, &settings, t(110));
-    assert_eq!(found.effect, None);
+    assert!(found.effects.is_empty());
     assert_eq!(found.wake, Some(t(110) + SignedDuration::from_millis(50)));
 }
 
@@ -939,19 +941,20 @@ fn a_lost_status_write_before_a_rollback_does_not_stall_it() {
         observe(&mut seen, &status, serve);
         let d = decide(&seen, &status, &settings, now);
         now = d.wake.unwrap();
-        match d.effect {
-            Some(Effect::TargetCapacity {
-                role: Role::Active,
+        let mut lowered = false;
+        for effect in &d.effects {
+            if let Effect::TargetCapacity {
+                role,
+                cluster,
                 percent,
-                ..
-            }) if percent < 100 => {
-                serve[0] = percent;
-                break;
+            } = effect
+            {
+                lowered |= *role == Role::Active && *percent < 100;
+                serve[usize::from(cluster == "p")] = *percent;
             }
-            Some(Effect::TargetCapacity { cluster, percent, .. }) => {
-                serve[usize::from(cluster == "p")] = percent;
-            }
-            _ => {}
+        }
+        if lowered {
+            break;
         }
         status = d.status;
         assert!(
@@ -969,8 +972,10 @@ fn a_lost_status_write_before_a_rollback_does_not_stall_it() {
             .notices
             .iter()
             .any(|n| n.reason == "RestoredServeTargetCapacity");
-        if let Some(Effect::TargetCapacity { cluster, percent, .. }) = &d.effect {
-            serve[usize::from(cluster == "p")] = *percent;
+        for effect in &d.effects {
+            if let Effect::TargetCapacity { cluster, percent, .. } = effect {
+                serve[usize::from(cluster == "p")] = *percent;
+            }
         }
         if d.tallies.iter().any(|t| {
             matches!(
@@ -1078,7 +1083,7 @@ fn slo_checks_hold_steps_and_roll_back_or_pause() {
     let step = |status: &crate::RayServiceStatuses, reading: Option<Reading>, at: Timestamp| {
         let mut d = step(status, reading.clone(), at);
         for i in 1..5 {
-            if !matches!(d.effect, Some(Effect::TargetCapacity { .. })) {
+            if !matches!(d.effects.first(), Some(Effect::TargetCapacity { .. })) {
                 break;
             }
             d = step(&d.status, reading.clone(), at + SignedDuration::from_millis(i));
@@ -1091,7 +1096,7 @@ fn slo_checks_hold_steps_and_roll_back_or_pause() {
     };
     // Capacity to 50 %, then the first traffic step (0 → 50): nothing to judge yet, nothing evaluated.
     let d = step(&upgrade_status(), Some(Reading::Value(0.0)), t(100));
-    assert_eq!(d.effect, Some(Effect::Traffic));
+    assert_eq!(d.effects, [Effect::Traffic]);
     assert!(d.status.progress.slo_checks.is_empty());
     assert_eq!(levels_of(&d.status).pending.traffic, 50);
     // Due after 10 s; a pass 3 s after the step is too early (its window still holds older data).
@@ -1108,7 +1113,7 @@ fn slo_checks_hold_steps_and_roll_back_or_pause() {
         ),
     ] {
         let d = step(&s, Some(reading), t(at));
-        assert_eq!(d.effect, None, "{:?}", d.status.progress);
+        assert!(d.effects.is_empty(), "{:?}", d.status.progress);
         let (reason, message) = progressing(&d.status);
         assert_eq!(reason, "WaitingForSloChecks");
         assert!(message.contains(&format!("sum(errors) = {shown}")), "{message}");
@@ -1151,7 +1156,7 @@ fn slo_checks_hold_steps_and_roll_back_or_pause() {
     let first = bad(&d.status, t(127));
     let second = bad(&first.status, t(132));
     assert!(second.pause && second.status.progress.upgrade_abort.is_none());
-    assert_eq!(second.effect, None);
+    assert!(second.effects.is_empty());
     let (reason, message) = progressing(&second.status);
     assert_eq!(reason, "Paused");
     assert!(
@@ -1498,4 +1503,65 @@ fn the_rollback_condition_says_whether_the_spec_went_back_or_on() {
         message("a"),
         "Goal state changed mid-upgrade, rolling back to original cluster."
     );
+}
+
+/// Traffic caught up with the pending capacity: the active cluster is lowered and the pending one raised in the
+/// same pass, lowering first, within the surge bound; an unreachable pending cluster gets only the lowering.
+#[test]
+fn a_lowering_and_the_raise_it_makes_room_for_come_in_one_pass() {
+    let mut status = upgrade_status();
+    for (side, traffic) in [
+        (&mut status.active_service_status, 50),
+        (&mut status.pending_service_status, 50),
+    ] {
+        let side = side.as_mut().unwrap();
+        let active = side.ray_cluster_name.as_deref() == Some("a");
+        side.target_capacity = Some(if active { 100 } else { 50 });
+        side.traffic_routed_percent = Some(traffic);
+    }
+    status.progress.last_traffic_step_time = Some(t(100));
+    let capacity = |role, cluster: &str, percent| decide::Effect::TargetCapacity {
+        role,
+        cluster: cluster.into(),
+        percent,
+    };
+    let d = decide(
+        &both_ready(),
+        &status,
+        &decide_settings(crate::upgrade_control::Control::Run),
+        t(101),
+    );
+    assert_eq!(
+        d.effects,
+        [capacity(Role::Active, "a", 50), capacity(Role::Pending, "p", 100)]
+    );
+    let after = levels_of(&d.status);
+    assert_eq!((after.active.capacity, after.pending.capacity), (50, 100));
+    let changes = d
+        .notices
+        .iter()
+        .filter(|n| n.reason == "UpdatedServeTargetCapacity")
+        .count();
+    assert_eq!(changes, 2);
+    // The next pass waits for the raised capacity to be verified; nothing else moves.
+    let mut unverified = both_ready();
+    let pending = unverified.pending.as_mut().unwrap();
+    (pending.capacity_verified, pending.capacity_found) = (false, false);
+    let next = decide(
+        &unverified,
+        &d.status,
+        &decide_settings(crate::upgrade_control::Control::Run),
+        t(101),
+    );
+    assert!(next.effects.is_empty());
+    // The pending cluster's Serve does not answer: the lowering alone.
+    let mut seen = both_ready();
+    seen.pending.as_mut().unwrap().reachable = false;
+    let d = decide(
+        &seen,
+        &status,
+        &decide_settings(crate::upgrade_control::Control::Run),
+        t(101),
+    );
+    assert_eq!(d.effects, [capacity(Role::Active, "a", 50)]);
 }
