@@ -94,11 +94,6 @@ impl AbortReason {
 }
 
 impl UpgradeProgress {
-    /// The instant the next traffic step is due, if traffic has moved in this upgrade.
-    pub fn next_step_due(&self, interval: SignedDuration) -> Option<Timestamp> {
-        self.last_traffic_step_time.map(|t| t + interval)
-    }
-
     /// Seconds since the upgrade started.
     pub fn duration(&self, now: Timestamp) -> Option<f64> {
         Some(now.duration_since(self.upgrade_start_time?).as_secs_f64())
@@ -203,10 +198,6 @@ mod tests {
                                     "time": "2026-11-24T10:00:00.25Z"}})
         );
         assert_eq!(serde_json::from_value::<UpgradeProgress>(v).unwrap(), p);
-        assert_eq!(
-            p.next_step_due(SignedDuration::from_secs(2)),
-            Some("2026-11-24T10:00:02.25Z".parse().unwrap())
-        );
         assert_eq!(
             p.finished(Some("d".into())).rejected_spec_digest.as_deref(),
             Some("d")

@@ -154,6 +154,16 @@ pub struct Observed {
     pub now: Timestamp,
 }
 
+impl Observed {
+    /// The levels of one cluster.
+    pub fn levels(&self, role: Role) -> Levels {
+        match role {
+            Role::Active => self.active,
+            Role::Pending => self.pending,
+        }
+    }
+}
+
 /// Why the upgrade is not moving right now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitReason {

@@ -101,10 +101,7 @@ pub async fn advance(p: &Pass<'_>, status: &mut RayServiceStatuses) -> Result<Ad
     }
     apply(p, &attachment, &decision).await?;
     // While it steps, this RayService's passes near its next step's due instant go first for a slot.
-    let next_due = (decision.status.pending_service_status.is_some())
-        .then(|| upgrade::decide::last_step_time(&decision.status))
-        .flatten()
-        .map(|last| last + settings.options.interval);
+    let next_due = upgrade::decide::next_step_due(&decision.status, settings.options.interval);
     p.ctx.slots.next_step(ObjectRef::from_obj(p.rs), next_due);
     *status = decision.status;
     let wake = match decision.step_due {

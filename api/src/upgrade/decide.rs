@@ -159,6 +159,13 @@ pub fn last_step_time(status: &RayServiceStatuses) -> Option<Timestamp> {
     status.progress.last_traffic_step_time.or(kuberay)
 }
 
+/// When a running upgrade's next traffic step is due: an interval after the last one (`None` before the first
+/// step, or once no pending cluster is left).
+pub fn next_step_due(status: &RayServiceStatuses, interval: SignedDuration) -> Option<Timestamp> {
+    status.pending_service_status.as_ref()?;
+    Some(last_step_time(status)? + interval)
+}
+
 /// Decides one pass of an incremental upgrade from the status the last pass left and what was observed.
 pub fn decide(seen: &Observation, status: &RayServiceStatuses, s: &Settings, now: Timestamp) -> StepDecision {
     let mut d = StepDecision {
@@ -221,14 +228,10 @@ fn raise_after_lowering(
     pacing: &UpgradeOptions,
     s: &Settings,
 ) {
-    let capacity = |o: &Observed, role| match role {
-        Role::Active => o.active.capacity,
-        Role::Pending => o.pending.capacity,
-    };
     let Action::SetTargetCapacity { role, percent } = done else {
         return;
     };
-    if percent >= capacity(u.observed, role) {
+    if percent >= u.observed.levels(role).capacity {
         return;
     }
     let after = Observed {
@@ -240,7 +243,10 @@ fn raise_after_lowering(
     let Action::SetTargetCapacity { role: other, percent } = next else {
         return;
     };
-    if other == role || percent <= capacity(&after, other) || slo_gate::holds(&next, &after, &d.status, s) {
+    if other == role
+        || percent <= after.levels(other).capacity
+        || slo_gate::holds(&next, &after, &d.status, s)
+    {
         return;
     }
     let sides = Sides {
@@ -332,10 +338,7 @@ fn restore_capacity(
         return false;
     }
     for (role, cluster) in sides {
-        let recorded = match role {
-            Role::Active => o.active.capacity,
-            Role::Pending => o.pending.capacity,
-        };
+        let recorded = o.levels(role).capacity;
         let Some(running) = cluster
             .serve_capacity
             .filter(|c| cluster.reachable && *c != recorded)
@@ -571,17 +574,10 @@ struct Sides<'a> {
 
 /// Sets the new `target_capacity`; `false` when that cluster's Serve cannot take it yet.
 fn set_target_capacity(d: &mut StepDecision, u: &Sides<'_>, role: Role, percent: i32) -> bool {
-    let (cluster, from, side) = match role {
-        Role::Active => (
-            u.active,
-            u.observed.active.capacity,
-            &mut d.status.active_service_status,
-        ),
-        Role::Pending => (
-            u.pending,
-            u.observed.pending.capacity,
-            &mut d.status.pending_service_status,
-        ),
+    let from = u.observed.levels(role).capacity;
+    let (cluster, side) = match role {
+        Role::Active => (u.active, &mut d.status.active_service_status),
+        Role::Pending => (u.pending, &mut d.status.pending_service_status),
     };
     if !cluster.reachable {
         return false;

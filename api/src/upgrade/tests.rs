@@ -1565,3 +1565,33 @@ fn a_lowering_and_the_raise_it_makes_room_for_come_in_one_pass() {
     );
     assert_eq!(d.effects, [capacity(Role::Active, "a", 50)]);
 }
+
+/// The next step's due instant: an interval after rayshift's own sub-second record, else after KubeRay's
+/// whole-second fields; none before the first step or without a pending cluster.
+#[test]
+fn the_next_step_is_due_an_interval_after_the_last() {
+    let interval = SignedDuration::from_secs(2);
+    let mut status = upgrade_status();
+    assert_eq!(decide::next_step_due(&status, interval), None, "no step yet");
+    let migrated = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(100)));
+    status
+        .pending_service_status
+        .as_mut()
+        .unwrap()
+        .last_traffic_migrated_time = migrated;
+    assert_eq!(
+        decide::next_step_due(&status, interval),
+        Some(t(102)),
+        "KubeRay's field"
+    );
+    let own: Timestamp = "2026-11-24T10:00:00.25Z".parse().unwrap();
+    status.progress.last_traffic_step_time = Some(own);
+    let due = "2026-11-24T10:00:02.25Z".parse().unwrap();
+    assert_eq!(
+        decide::next_step_due(&status, interval),
+        Some(due),
+        "rayshift's own record first"
+    );
+    status.pending_service_status = None;
+    assert_eq!(decide::next_step_due(&status, interval), None, "no upgrade");
+}
