@@ -49,10 +49,11 @@ impl Retries {
     /// `failed`, at `now`. A failure before the retry was due keeps that retry and is not counted.
     fn failed_at(&self, uid: &str, persistent: bool, now: Instant) -> Duration {
         self.change(|failures| {
-            if let Some(early) = failures.get(uid).filter(|f| now < f.retry_at) {
+            let previous = failures.get(uid).copied();
+            if let Some(early) = previous.filter(|f| now < f.retry_at) {
                 return early.retry_at - now;
             }
-            let count = failures.get(uid).map_or(0, |f| f.count).saturating_add(1);
+            let count = previous.map_or(0, |f| f.count).saturating_add(1);
             let wait = if persistent { backoff(count) } else { FIRST_RETRY };
             failures.insert(
                 uid.to_string(),
