@@ -76,8 +76,7 @@ impl ReconcileSlots {
         if self.limit == 0 {
             return Some(Slot(None));
         }
-        let step_due = self.lock().steps_due.get(rs).copied();
-        self.take_before(step_due).await
+        self.take_before(|state| state.steps_due.get(rs).copied()).await
     }
 
     /// Gives the running pass's slot back while `wait` runs (a step's lead), then takes one again ahead of
@@ -90,11 +89,15 @@ impl ReconcileSlots {
         };
         drop(slot);
         wait.await;
-        let again = self.take_before(Some(due)).await;
+        let again = self.take_before(|_| Some(due)).await;
         let _ = HELD.try_with(|held| *held.borrow_mut() = again);
     }
 
-    async fn take_before(self: &Arc<Self>, step_due: Option<Timestamp>) -> Option<Slot> {
+    /// A free slot, or a place in the queue with the step due instant `step_due` reads (under the same lock).
+    async fn take_before(
+        self: &Arc<Self>,
+        step_due: impl FnOnce(&State) -> Option<Timestamp>,
+    ) -> Option<Slot> {
         let handed = {
             let mut state = self.lock();
             if state.closed {
@@ -105,6 +108,7 @@ impl ReconcileSlots {
                 return Some(Slot(Some(self.clone())));
             }
             let (hand, handed) = oneshot::channel();
+            let step_due = step_due(&state);
             state.waiting.push_back(Waiter { step_due, hand });
             handed
         };
