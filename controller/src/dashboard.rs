@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
+    direct_http::DirectHttp,
     error::{DashboardFailure, Error, Result},
     metrics::Metrics,
     waiting::{self, Waiting},
@@ -119,7 +120,7 @@ pub struct Dashboard {
     /// One permit per request in flight: slow dashboards hold their permits, so at most this many requests
     /// wait on them and the rest of the controller's reads are not swamped.
     in_flight: Arc<tokio::sync::Semaphore>,
-    http: reqwest::Client,
+    http: DirectHttp,
     kube: kube::Client,
     /// Tokens read once: a settled RayService's health checks read no Secret. An
     /// answer of 401 or 403 drops its token, so a Secret put right is read again.
@@ -221,13 +222,7 @@ impl Dashboard {
         // Idle connections are kept per host, up to the in-flight limit: a dashboard per cluster keeps the one
         // its reads use, and dashboards behind one address (a shared gateway, the tests' one server) keep as many
         // as a burst of checks opened, instead of opening them again for every burst (issue 16's settled CPU).
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .pool_max_idle_per_host(usize::from(max_in_flight.max(1)))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build()
-            .map_err(Error::HttpClient)?;
+        let http = DirectHttp::new(timeout, usize::from(max_in_flight.max(1))).map_err(Error::TlsRoots)?;
         Ok(Self {
             route,
             timeout,
@@ -294,11 +289,11 @@ impl Dashboard {
                     .replace("{pod}", head.pod)
                     .replace("{cluster}", head.cluster)
                     .replace("{namespace}", head.namespace);
-                self.http
-                    .get(url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
+                let req = request(&http::Method::GET, &url, None, None);
+                match req {
+                    Ok(req) => self.http.send(req).await.is_ok_and(|(s, _)| s.is_success()),
+                    Err(_) => false,
+                }
             }
             Route::KubernetesProxy => {
                 let (ns, pod, port) = (head.namespace, head.pod, head.port);
@@ -424,24 +419,10 @@ impl Dashboard {
         token: Option<&str>,
         body: Option<Vec<u8>>,
     ) -> Result<Vec<u8>, (bool, DashboardFailure)> {
-        let mut req = self.http.request(method.clone(), url);
-        if let Some(t) = token {
-            req = req.header(TOKEN_HEADER, format!("Bearer {t}"));
-        }
-        if let Some(b) = body {
-            req = req.header("content-type", "application/json").body(b);
-        }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| (true, DashboardFailure::Request(e)))?;
-        let status = resp.status();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| (true, DashboardFailure::Request(e)))?;
+        let req = request(method, url, token, body)?;
+        let (status, bytes) = self.http.send(req).await.map_err(|e| (true, e))?;
         if status.is_success() {
-            Ok(bytes.to_vec())
+            Ok(Vec::from(bytes))
         } else {
             Err(not_ok(status, &String::from_utf8_lossy(&bytes)))
         }
@@ -454,16 +435,7 @@ impl Dashboard {
         token: Option<&str>,
         body: Option<Vec<u8>>,
     ) -> Result<Vec<u8>, (bool, DashboardFailure)> {
-        let mut req = http::Request::builder().method(method.clone()).uri(path);
-        if let Some(t) = token {
-            req = req.header(TOKEN_HEADER, format!("Bearer {t}"));
-        }
-        if body.is_some() {
-            req = req.header("content-type", "application/json");
-        }
-        let req = req
-            .body(body.unwrap_or_default())
-            .map_err(|e| (false, DashboardFailure::Build(e)))?;
+        let req = request(method, path, token, body)?;
         // The apiserver proxies without a deadline of its own (a long-running request), so a dashboard that
         // accepts and never answers would hold a slot for kube's 295 s read timeout.
         match tokio::time::timeout(self.timeout, self.kube.request_text(req)).await {
@@ -473,12 +445,34 @@ impl Dashboard {
     }
 }
 
+/// A dashboard request: to a URL (template route) or an apiserver path (proxy route), never retried at
+/// once when it cannot be made (a template that yields no URI).
+// The failure is the one the async callers return anyway; made once per HTTP exchange, its size costs nothing.
+#[allow(clippy::result_large_err)]
+fn request(
+    method: &http::Method,
+    url: &str,
+    token: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> Result<http::Request<Vec<u8>>, (bool, DashboardFailure)> {
+    let uri: http::Uri = url.parse().map_err(|e| (false, DashboardFailure::Url(e)))?;
+    let mut req = http::Request::builder().method(method.clone()).uri(uri);
+    if let Some(t) = token {
+        req = req.header(TOKEN_HEADER, format!("Bearer {t}"));
+    }
+    if body.is_some() {
+        req = req.header(http::header::CONTENT_TYPE, "application/json");
+    }
+    req.body(body.unwrap_or_default())
+        .map_err(|e| (false, DashboardFailure::Build(e)))
+}
+
 /// The proxy relays the dashboard's own answer (kube makes any non-2xx an `Api` error): judged as a direct
 /// answer is, so Ray's 400 to a config it refuses is neither retried at once nor taken for a passing fault.
 fn proxy_failure(e: kube::Error) -> (bool, DashboardFailure) {
     match e {
         kube::Error::Api(s) => not_ok(
-            reqwest::StatusCode::from_u16(s.code).unwrap_or(reqwest::StatusCode::BAD_GATEWAY),
+            http::StatusCode::from_u16(s.code).unwrap_or(http::StatusCode::BAD_GATEWAY),
             &s.message,
         ),
         e => (true, DashboardFailure::Proxy(e)),
@@ -486,7 +480,7 @@ fn proxy_failure(e: kube::Error) -> (bool, DashboardFailure) {
 }
 
 /// A dashboard's non-2xx answer, on either route: retried at once only when the server failed (5xx).
-fn not_ok(status: reqwest::StatusCode, body: &str) -> (bool, DashboardFailure) {
+fn not_ok(status: http::StatusCode, body: &str) -> (bool, DashboardFailure) {
     let body = body.trim().to_string();
     (
         status.is_server_error(),
@@ -513,6 +507,23 @@ pub fn serve_config_json(text: &str, target_capacity: Option<i32>) -> Result<Val
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A template can make something that is no URL: a failure that names it, not retried, never a panic.
+    #[test]
+    fn a_url_that_is_none_is_a_failure_not_retried() {
+        let (retry, failure) = request(&http::Method::GET, "http://host/a b/", None, None).unwrap_err();
+        assert!(!retry);
+        assert!(matches!(failure, DashboardFailure::Url(_)), "{failure}");
+        let req = request(
+            &http::Method::PUT,
+            "http://h:8265/x",
+            Some("t"),
+            Some(b"{}".to_vec()),
+        )
+        .unwrap();
+        assert_eq!(req.headers()[TOKEN_HEADER], "Bearer t");
+        assert_eq!(req.headers()[http::header::CONTENT_TYPE], "application/json");
+    }
 
     /// What kube 4.2 makes of Ray's 400 through the proxy (a body that is not a Status) and of the apiserver's
     /// own 503 when the Service has no endpoint.

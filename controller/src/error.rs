@@ -3,8 +3,12 @@
 /// Why a Ray dashboard request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DashboardFailure {
-    #[error("{0}")]
-    Request(#[source] reqwest::Error),
+    #[error("sending: {0}")]
+    Send(#[source] Box<hyper_util::client::legacy::Error>),
+    #[error("reading the answer: {0}")]
+    Read(#[source] hyper::Error),
+    #[error("not a URL: {0}")]
+    Url(#[source] http::uri::InvalidUri),
     #[error("{status}: {body}")]
     Status {
         status: reqwest::StatusCode,
@@ -102,6 +106,8 @@ pub enum Error {
     },
     #[error("Ray dashboard HTTP client: {0}")]
     HttpClient(#[source] reqwest::Error),
+    #[error("loading the system's root certificates for dashboards over HTTPS: {0}")]
+    TlsRoots(#[source] std::io::Error),
     #[error("serveConfigV2: {0}")]
     ServeConfig(#[source] rayshift_api::Error),
     #[error("serveConfigV2 is not a mapping")]
@@ -206,7 +212,7 @@ impl Error {
             Error::RouteChanged { .. } => "conflict",
             e if e.is_conflict() => "conflict",
             Error::Kube(_) | Error::RayServiceCrdMissing(_) => "kubernetes",
-            Error::Dashboard { .. } | Error::HttpClient(_) => "dashboard",
+            Error::Dashboard { .. } | Error::HttpClient(_) | Error::TlsRoots(_) => "dashboard",
             Error::ServeConfig(_) | Error::ServeConfigNotAMapping | Error::UnknownServeConfig { .. } => {
                 "serve_config"
             }

@@ -5,6 +5,7 @@ pub mod children;
 pub mod cluster_records;
 pub mod context;
 pub mod dashboard;
+mod direct_http;
 pub mod error;
 pub mod events;
 pub mod health_timer;
