@@ -222,7 +222,7 @@ impl Dashboard {
         // Idle connections are kept per host, up to the in-flight limit: a dashboard per cluster keeps the one
         // its reads use, and dashboards behind one address (a shared gateway, the tests' one server) keep as many
         // as a burst of checks opened, instead of opening them again for every burst (issue 16's settled CPU).
-        let http = DirectHttp::new(timeout, usize::from(max_in_flight.max(1))).map_err(Error::TlsRoots)?;
+        let http = DirectHttp::new(timeout, usize::from(max_in_flight.max(1)))?;
         Ok(Self {
             route,
             timeout,
@@ -289,8 +289,7 @@ impl Dashboard {
                     .replace("{pod}", head.pod)
                     .replace("{cluster}", head.cluster)
                     .replace("{namespace}", head.namespace);
-                let req = request(&http::Method::GET, &url, None, None);
-                match req {
+                match request(&http::Method::GET, &url, None, None) {
                     Ok(req) => self.http.send(req).await.is_ok_and(|(s, _)| s.is_success()),
                     Err(_) => false,
                 }

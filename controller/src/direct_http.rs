@@ -11,8 +11,9 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::{TokioExecutor, TokioTimer},
 };
+use rustls::pki_types::CertificateDer;
 
-use crate::error::DashboardFailure;
+use crate::error::{DashboardFailure, Error};
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -25,14 +26,20 @@ pub struct DirectHttp {
 impl DirectHttp {
     /// A client whose every request, connection included, ends within `timeout`, keeping up to
     /// `idle_per_host` connections per host for 30 s.
-    pub fn new(timeout: Duration, idle_per_host: usize) -> std::io::Result<Self> {
+    pub fn new(timeout: Duration, idle_per_host: usize) -> Result<Self, Error> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(timeout));
+        let roots = roots(rustls_native_certs::load_native_certs().certs)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(Error::Tls)?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(provider)?
+            .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
@@ -64,6 +71,18 @@ impl DirectHttp {
             .await
             .unwrap_or(Err(DashboardFailure::TimedOut(self.timeout)))
     }
+}
+
+/// The system's root certificates, as many as parse. As reqwest's native roots did: a machine without a CA
+/// bundle still reaches dashboards over plain HTTP (hyper-rustls's own loader refuses to start without one);
+/// only a bundle of which nothing parses is an error.
+fn roots(found: Vec<CertificateDer<'static>>) -> Result<rustls::RootCertStore, Error> {
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, unreadable) = roots.add_parsable_certificates(found);
+    if added == 0 && unreadable > 0 {
+        return Err(Error::TlsRootsUnreadable { unreadable });
+    }
+    Ok(roots)
 }
 
 #[cfg(test)]
@@ -113,6 +132,16 @@ mod tests {
         }
         // One accept served both: the second request reused the pooled connection.
         server.await.unwrap();
+    }
+
+    #[test]
+    fn no_root_certificate_is_no_error_but_only_unreadable_ones_are() {
+        assert!(roots(Vec::new()).unwrap().is_empty());
+        let garbage = CertificateDer::from(b"not a certificate".to_vec());
+        assert!(matches!(
+            roots(vec![garbage]),
+            Err(Error::TlsRootsUnreadable { unreadable: 1 })
+        ));
     }
 
     #[tokio::test]

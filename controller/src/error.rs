@@ -106,8 +106,10 @@ pub enum Error {
     },
     #[error("Ray dashboard HTTP client: {0}")]
     HttpClient(#[source] reqwest::Error),
-    #[error("loading the system's root certificates for dashboards over HTTPS: {0}")]
-    TlsRoots(#[source] std::io::Error),
+    #[error("the system's root certificates, for dashboards over HTTPS: none of {unreadable} could be read")]
+    TlsRootsUnreadable { unreadable: usize },
+    #[error("TLS for dashboards over HTTPS: {0}")]
+    Tls(#[source] rustls::Error),
     #[error("serveConfigV2: {0}")]
     ServeConfig(#[source] rayshift_api::Error),
     #[error("serveConfigV2 is not a mapping")]
@@ -212,7 +214,10 @@ impl Error {
             Error::RouteChanged { .. } => "conflict",
             e if e.is_conflict() => "conflict",
             Error::Kube(_) | Error::RayServiceCrdMissing(_) => "kubernetes",
-            Error::Dashboard { .. } | Error::HttpClient(_) | Error::TlsRoots(_) => "dashboard",
+            Error::Dashboard { .. }
+            | Error::HttpClient(_)
+            | Error::TlsRootsUnreadable { .. }
+            | Error::Tls(_) => "dashboard",
             Error::ServeConfig(_) | Error::ServeConfigNotAMapping | Error::UnknownServeConfig { .. } => {
                 "serve_config"
             }
